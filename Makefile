@@ -1,0 +1,33 @@
+# The two set-up commands (see README): `make demo` runs the main job on the embedded example,
+# `make test` runs the test suite. Both create .venv with a Python >= 3.12 when it is missing.
+
+VENV    := .venv
+PYTHON  := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed-stamp
+
+.PHONY: demo test test-slow venv clean
+
+demo: $(STAMP)
+	$(VENV)/bin/eqsat-fuse demo
+
+test: $(STAMP)
+	$(PYTHON) -m pytest -q
+
+# The long sweeps that the default run skips.
+test-slow: $(STAMP)
+	$(PYTHON) -m pytest -q -m slow
+
+venv: $(STAMP)
+
+$(PYTHON):
+	@base=$$(scripts/find-python) || exit 1; \
+	echo "creating $(VENV) with $$base"; \
+	"$$base" -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PYTHON)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

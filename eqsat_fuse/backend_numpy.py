@@ -1,0 +1,70 @@
+"""The NumPy backend: each kernel body evaluated node by node with `ops.evaluate`.
+
+It is the readable reference: a fused kernel is still computed one NumPy call per node (with the
+intermediates kept only inside the kernel), so it shows what is computed, not how fast fusion
+can be; the Numba backend generates one loop nest per kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .ir import BodyNode, Kernel, KernelPlan, Operand
+from .ops import evaluate
+from .reference import NodeRunner
+
+
+def evaluate_body(body: list[BodyNode], operand_value: Callable[[Operand], Any],
+                  opaque: Callable[[BodyNode, list], np.ndarray]) -> np.ndarray:
+    """Evaluate a body in order and return its last node's value."""
+    values: list[Any] = []
+    for node in body:
+        args = [values[a.ref] if a.kind == "node" else operand_value(a) for a in node.args]
+        if node.op == "Opaque":
+            values.append(opaque(node, args))
+        elif node.op == "Concat":
+            values.append(evaluate("Concat", [args], node.attrs))
+        elif node.op == "Const":
+            values.append(operand_value(Operand("initializer", node.attrs["name"])))
+        elif node.op == "Input":
+            values.append(operand_value(Operand("buffer", node.attrs["name"])))
+        else:
+            values.append(evaluate(node.op, args, node.attrs))
+    return values[-1]
+
+
+class OpaqueNodes:
+    """Runs the plan's Opaque nodes through onnx.reference, one runner per node."""
+
+    def __init__(self, plan: KernelPlan, opset: int):
+        self.plan = plan
+        self.opset = opset
+        self.runners: dict[int, NodeRunner] = {}
+
+    def __call__(self, node: BodyNode, args: list) -> np.ndarray:
+        index = node.attrs["node"]
+        if index not in self.runners:
+            ir_node = self.plan.opaque_nodes[index]
+            types = [None if a is None else (name, a.dtype, a.shape)
+                     for name, a in zip(ir_node.onnx_node.input, args)]
+            from onnx import helper
+            self.runners[index] = NodeRunner(ir_node.onnx_node, types,
+                                             [helper.make_opsetid("", self.opset)])
+        return self.runners[index].run(args)[node.attrs["index"]]
+
+
+def make_step(kernel: Kernel, opaque: OpaqueNodes) -> Callable[[dict], np.ndarray]:
+    """A callable that computes `kernel` from the environment of live arrays."""
+    body = kernel.body
+
+    def operand_value(operand: Operand, env: dict) -> Any:
+        if operand.kind == "absent":
+            return None
+        return env[operand.ref]
+
+    def step(env: dict) -> np.ndarray:
+        return evaluate_body(body, lambda o: operand_value(o, env), opaque)
+
+    return step

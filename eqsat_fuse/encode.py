@@ -1,0 +1,143 @@
+"""Stage 2, encode: `ir.Graph` -> an egglog program over the term language of `rules/lang.egg`.
+
+One `(let ...)` per node (never one nested expression: egglog builds those in quadratic time).
+Every node is wrapped in `(Mat ...)`, the unfused program; tensor data stays outside the e-graph
+(`(Const "name")`, `(Input "name")`); shapes and dtypes enter as facts. Names taken from the model
+never reach the program text unless they are plain identifiers: other names are replaced by a
+key (`#3`), so a model cannot inject egglog text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cache
+
+from egglog import bindings
+
+from .ir import Graph, Node, TensorInfo
+from .ops import OPS
+from .resources import data_dir
+
+_SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]{0,80}")
+
+
+@dataclass
+class Encoding:
+    """The model as egglog program text, and how to map the e-graph back to the model."""
+
+    program: str
+    leaf_keys: dict[str, str]                # egglog string key -> input or initializer name
+    value_vars: dict[str, str]               # value name -> egglog variable of its term
+    output_vars: dict[str, str]              # graph output -> egglog variable
+    opaque_nodes: dict[int, Node] = field(default_factory=dict)
+    lets: int = 0
+
+
+@cache
+def constructor_sorts() -> dict[str, tuple[tuple[str, ...], str]]:
+    """The constructors declared in rules/lang.egg: name -> (argument sorts, result sort)."""
+    path = data_dir("rules") / "lang.egg"
+    commands = bindings.EGraph().parse_program(path.read_text(), filename=str(path))
+    return {c.name: (tuple(c.schema.input), c.schema.output)
+            for c in commands if type(c).__name__ == "Constructor"}
+
+
+def render_value(value, sort: str) -> str:
+    """An attribute value as egglog literal text of the given sort."""
+    if sort == "i64":
+        return str(int(value))
+    if sort == "f64":
+        return render_float(float(value))
+    if sort == "String":
+        text = str(value)
+        if not re.fullmatch(r"[A-Za-z0-9_.:/#+-]*", text):
+            raise ValueError(f"refusing to put {text!r} into egglog text")
+        return f'"{text}"'
+    if sort == "IVec":
+        items = [str(int(v)) for v in value]
+        return f"(vec-of {' '.join(items)})" if items else "(vec-empty)"
+    raise ValueError(f"no literal form for sort {sort}")
+
+
+def render_float(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return repr(value)
+
+
+def _facts(var: str, info: TensorInfo) -> list[str]:
+    return [f"(set (shape {var}) {render_value(info.shape, 'IVec')})",
+            f'(set (dtype {var}) "{info.dtype}")']
+
+
+def encode(graph: Graph) -> Encoding:
+    """Write the graph as egglog lets: leaves, then one Mat-wrapped term per node output."""
+    sorts = constructor_sorts()
+    lines: list[str] = []
+    value_vars: dict[str, str] = {}
+    leaf_keys: dict[str, str] = {}
+    opaque_nodes: dict[int, Node] = {}
+    counter = 0
+
+    def new_var(prefix: str) -> str:
+        nonlocal counter
+        counter += 1
+        return f"${prefix}{counter}"
+
+    def leaf(name: str, constructor: str) -> None:
+        key = name if _SAFE_NAME.fullmatch(name) else f"#{len(leaf_keys)}"
+        leaf_keys[key] = name
+        var = new_var("l")
+        lines.append(f'(let {var} ({constructor} "{key}"))')
+        lines.extend(_facts(var, graph.values[name]))
+        value_vars[name] = var
+
+    used = {i for n in graph.nodes for i in n.inputs if i} | set(graph.outputs)
+    for name in graph.inputs:
+        leaf(name, "Input")
+    for name in graph.initializers:
+        if name in used:
+            leaf(name, "Const")
+
+    def arg(value: str | None) -> str:
+        return "(Absent)" if value is None else value_vars[value]
+
+    def tensor_list(values: list[str | None]) -> str:
+        text = "(TNil)"
+        for value in reversed(values):
+            text = f"(TCons {arg(value)} {text})"
+        return text
+
+    for index, node in enumerate(graph.nodes):
+        spec = OPS[node.op]
+        arg_sorts, _ = sorts[node.op]
+        attr_sorts = arg_sorts[len(arg_sorts) - len(spec.attrs):]
+        if node.op in ("Concat", "Opaque"):
+            tensors = [tensor_list(node.inputs)]
+        else:
+            tensors = [arg(v) for v in node.inputs]
+        if node.op == "Opaque":
+            opaque_nodes[index] = node
+        for out_index, output in enumerate(node.outputs):
+            attrs = dict(node.attrs)
+            if node.op == "Opaque":
+                attrs.update(node=index, index=out_index)
+            elif node.op == "Split":
+                attrs["index"] = out_index
+            rendered = [render_value(attrs[a], s) for a, s in zip(spec.attrs, attr_sorts)]
+            term = f"({node.op} {' '.join(tensors + rendered)})"
+            inner, outer = new_var("i"), new_var("v")
+            lines.append(f"(let {inner} {term})")
+            lines.append(f"(let {outer} (Mat {inner}))")
+            info = graph.values[output]
+            lines.extend(_facts(inner, info))
+            lines.extend(_facts(outer, info))
+            value_vars[output] = outer
+
+    return Encoding(program="\n".join(lines) + "\n", leaf_keys=leaf_keys, value_vars=value_vars,
+                    output_vars={o: value_vars[o] for o in graph.outputs},
+                    opaque_nodes=opaque_nodes, lets=counter)

@@ -1,0 +1,59 @@
+"""Running single ONNX nodes through `onnx.reference`: import-time folding and Opaque kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+
+class NodeRunner:
+    """Runs one ONNX node on NumPy arrays with `onnx.reference`; built once, run many times."""
+
+    def __init__(self, node: onnx.NodeProto, input_types: list[tuple[str, np.dtype, tuple] | None],
+                 opset_imports):
+        from onnx.reference import ReferenceEvaluator
+
+        self.names = [i for i in node.input]
+        inputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(t[1]), t[2])
+                  for name, t in zip(self.names, input_types) if name and t is not None]
+        seen, unique_inputs = set(), []
+        for vi in inputs:
+            if vi.name not in seen:
+                seen.add(vi.name)
+                unique_inputs.append(vi)
+        graph = helper.make_graph([node], "node", unique_inputs,
+                                  [helper.make_empty_tensor_value_info(o) for o in node.output if o])
+        self.model = helper.make_model(graph, opset_imports=list(opset_imports))
+        self.evaluator = ReferenceEvaluator(self.model)
+        self.session = None
+        self.outputs = [o for o in node.output]
+
+    def run(self, values: list[np.ndarray | None]) -> list[np.ndarray | None]:
+        feeds = {name: v for name, v in zip(self.names, values) if name and v is not None}
+        try:
+            results = self.evaluator.run(None, feeds)
+        except Exception:
+            # onnx.reference has gaps (GatherElements on wide inputs, OneHot on some dtypes):
+            # run the same one-node model in onnxruntime when it is installed.
+            results = self._onnxruntime(feeds)
+        results = iter(results)
+        return [np.asarray(next(results)) if o else None for o in self.outputs]
+
+    def _onnxruntime(self, feeds):
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise
+        if self.session is None:
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            self.session = ort.InferenceSession(self.model.SerializeToString(), options,
+                                                providers=["CPUExecutionProvider"])
+        return self.session.run(None, feeds)
+
+
+def run_node(node: onnx.NodeProto, values: list[np.ndarray | None], opset_imports) -> list:
+    """Evaluate one node once (builds a throw-away runner)."""
+    types = [None if v is None else (n, v.dtype, v.shape) for n, v in zip(node.input, values)]
+    return NodeRunner(node, types, opset_imports).run(values)

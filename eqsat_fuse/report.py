@@ -1,0 +1,82 @@
+"""What a compilation did, for people (`summary()`) and for scripts (`as_dict()`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class KernelReport:
+    """One kernel of the compiled program and its predicted cost."""
+
+    name: str
+    kind: str                 # compute | alias | opaque
+    ops: list[str]
+    output: str
+    shape: list[int]
+    dtype: str
+    predicted_us: float
+    launch_us: float
+    read_bytes: float
+    write_bytes: float
+    flops: float
+
+
+@dataclass
+class Report:
+    """The figures of one compilation. `as_dict()` keys are relied on by scripts and the harness."""
+
+    model: str
+    target: str
+    backend: str
+    extractor: str
+    nodes_in: int                 # ONNX nodes in the file
+    nodes_imported: int           # nodes left after import-time shape folding and dead-code removal
+    kernels_out: int              # kernels that run (compute and opaque; views are not kernels)
+    views: int                    # alias kernels: Reshape/Transpose/... that move no data
+    stop_reason: str
+    iterations: int
+    egraph_nodes: int
+    matches_per_rule: dict[str, int]
+    cost: float                   # predicted microseconds under the target
+    peak_bytes: int               # arena size of the memory plan
+    lower_bound_bytes: int        # most bytes live at once (liveness lower bound)
+    separate_bytes: int           # every buffer allocated separately
+    timings: dict[str, float]     # seconds per stage
+    source_opset: int
+    opaque_ops: list[str] = field(default_factory=list)
+    kernels: list[KernelReport] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def fused(self) -> list[KernelReport]:
+        """Kernels that compute more than one operation."""
+        return [k for k in self.kernels if k.kind == "compute" and len(k.ops) > 1]
+
+    def summary(self) -> str:
+        lines = [
+            f"model         {self.model}",
+            f"target        {self.target} (backend {self.backend}, extractor {self.extractor})",
+            f"nodes         {self.nodes_in} in the file -> {self.kernels_out} kernels "
+            f"(+ {self.views} views that move no data)",
+            f"saturation    {self.stop_reason} after {self.iterations} iterations, "
+            f"{self.egraph_nodes} e-nodes",
+            f"cost          {self.cost:.1f} us predicted",
+            f"memory        peak {self.peak_bytes / 1024:.1f} KiB (lower bound "
+            f"{self.lower_bound_bytes / 1024:.1f} KiB, separate {self.separate_bytes / 1024:.1f} KiB)",
+            "time          " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()),
+        ]
+        if self.opaque_ops:
+            lines.append(f"opaque        {', '.join(self.opaque_ops)} (run by onnx.reference)")
+        groups: dict[str, int] = {}
+        for kernel in self.fused:
+            key = "+".join(kernel.ops)
+            groups[key] = groups.get(key, 0) + 1
+        if groups:
+            lines.append("fused kernels:")
+            for key, count in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0])):
+                lines.append(f"  {count:4d} x {key}")
+        return "\n".join(lines)

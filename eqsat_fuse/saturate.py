@@ -1,0 +1,213 @@
+"""Stage 3, saturate: load the term language and rule files, then run the schedule under budgets.
+
+Rule files are egglog programs. A user's file is data: before it runs it is parsed and every
+command in it checked against an allow-list (rulesets, rules, relations), so a rule file can
+never read or write files or run anything outside the e-graph. Mistakes come back as
+`RuleFileError` with the file, line and column.
+
+The schedule (`rules/schedule.egg`) declares a back-off scheduler and one iteration of the main
+loop; Python repeats that iteration until the e-graph saturates or a budget (iterations, e-nodes,
+wall time) runs out. A budget stop is not a failure: extraction works on whatever e-graph exists.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from egglog import bindings
+
+from .encode import Encoding
+from .errors import RuleFileError
+from .resources import rule_files, schedule_file
+
+# Commands a user's rule file may contain. Everything else (include, input, output, extract,
+# run-schedule, push/pop, new sorts or constructors...) is refused before the file runs.
+_USER_ALLOWED = {"AddRuleset", "UnstableCombinedRuleset", "RewriteCommand", "BiRewriteCommand",
+                 "RuleCommand", "Relation"}
+# Shipped files may also declare functions (analyses) and the term language.
+_SHIPPED_ALLOWED = _USER_ALLOWED | {"Sort", "Datatype", "Datatypes", "Constructor",
+                                    "FunctionCommand"}
+_SPAN = re.compile(r"In (\d+):(\d+)-(?:\d+:)?\d+ of (.*?): (.*)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Limits on one saturation run; whichever is hit first stops it."""
+
+    iterations: int = 30
+    nodes: int = 250_000
+    seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """Where a rule is declared, and in which ruleset."""
+
+    name: str
+    ruleset: str
+    file: str
+    line: int
+
+
+@dataclass
+class SaturationReport:
+    """Why saturation stopped, how big the e-graph got, and what each rule matched."""
+
+    stop_reason: str                 # "saturated" | "iteration budget" | "node budget" | "time budget"
+    iterations: int
+    egraph_nodes: int
+    seconds: float
+    matches_per_rule: dict[str, int] = field(default_factory=dict)
+    rule_files: list[str] = field(default_factory=list)
+    rules: dict[str, RuleInfo] = field(default_factory=dict)
+
+
+def _location(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return line, column
+
+
+def _command_span(command):
+    """The (start offset) of a parsed command, wherever the binding keeps its span."""
+    for holder in (command, getattr(command, "rewrite", None), getattr(command, "rule", None)):
+        span = getattr(holder, "span", None)
+        if span is not None and hasattr(span, "i"):
+            return span.i
+    return None
+
+
+def _rule_file_error(exc: Exception, default_file: str) -> RuleFileError:
+    message = str(exc)
+    match = _SPAN.match(message)
+    if match:
+        line, column, file, rest = match.groups()
+        return RuleFileError(rest.strip(), file=file, line=int(line), column=int(column))
+    return RuleFileError(message.strip(), file=default_file)
+
+
+class RuleProgram:
+    """An e-graph with the term language, the shipped rules and any user rules loaded."""
+
+    def __init__(self, user_rules: list[str | Path] | None = None):
+        self.egraph = bindings.EGraph()
+        self.files: list[str] = []
+        self.rules: dict[str, RuleInfo] = {}
+        self.rulesets: list[str] = []
+        for path in rule_files():
+            self._load(Path(path), trusted=True)
+        schedule = schedule_file()
+        self._load(schedule, trusted=True, schedule=True)
+        for path in user_rules or []:
+            self._load(Path(path), trusted=False)
+
+    def _load(self, path: Path, *, trusted: bool, schedule: bool = False) -> None:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise RuleFileError(f"cannot read the rule file: {exc.strerror}", file=str(path)) from None
+        except UnicodeDecodeError:
+            raise RuleFileError("not a text file", file=str(path)) from None
+        commands = self._parse(text, str(path))
+        allowed = _SHIPPED_ALLOWED if trusted else _USER_ALLOWED
+        setup, iteration = [], []
+        for command in commands:
+            kind = type(command).__name__
+            if schedule and kind == "UserDefined" and command.name == "run-schedule":
+                iteration.append(command)
+                continue
+            if schedule and kind == "UserDefined" and command.name == "let-scheduler":
+                setup.append(command)
+                continue
+            if kind not in allowed:
+                offset = _command_span(command)
+                line, column = _location(text, offset) if offset is not None else (None, None)
+                what = getattr(command, "name", kind) if kind == "UserDefined" else kind
+                raise RuleFileError(
+                    f"command {what!r} is not allowed in a rule file (a rule file may only "
+                    f"declare rulesets, rules and relations)", file=str(path), line=line,
+                    column=column)
+            self._note_rule(command, text, str(path))
+            setup.append(command)
+        try:
+            self.egraph.run_program(*setup)
+        except Exception as exc:
+            raise _rule_file_error(exc, str(path)) from None
+        self.files.append(str(path))
+        if schedule:
+            self.iteration = iteration
+
+    def _parse(self, text: str, filename: str):
+        try:
+            return self.egraph.parse_program(text, filename=filename)
+        except Exception as exc:
+            raise _rule_file_error(exc, filename) from None
+
+    def _note_rule(self, command, text: str, file: str) -> None:
+        kind = type(command).__name__
+        if kind == "AddRuleset":
+            self.rulesets.append(command.name)
+            return
+        if kind in ("RewriteCommand", "BiRewriteCommand"):
+            name, ruleset, span = command.rewrite.name, command.name, command.rewrite.span
+        elif kind == "RuleCommand":
+            name, ruleset, span = command.rule.name, command.rule.ruleset, command.rule.span
+        else:
+            return
+        if not name:
+            line, column = _location(text, span.i)
+            raise RuleFileError("every rule needs a :name (it is how reports and the soundness "
+                                 "checker refer to it)", file=file, line=line, column=column)
+        if name in self.rules:
+            other = self.rules[name]
+            line, column = _location(text, span.i)
+            raise RuleFileError(f"rule name {name!r} is already used at {other.file}:{other.line}",
+                                file=file, line=line, column=column)
+        self.rules[name] = RuleInfo(name, ruleset, file, _location(text, span.i)[0])
+
+
+def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
+             budgets: Budgets = Budgets()) -> tuple[bindings.EGraph, SaturationReport]:
+    """Run the rules on the encoded model until saturation or a budget; return e-graph and report."""
+    started = time.perf_counter()
+    program = RuleProgram(user_rules)
+    egraph = program.egraph
+    egraph.run_program(*egraph.parse_program(encoding.program, filename="<model>"))
+    size_command = egraph.parse_program("(print-size)")
+
+    def size() -> int:
+        return sum(n for _, n in egraph.run_program(*size_command)[0].sizes)
+
+    matches: dict[str, int] = {}
+    nodes = size()
+    stop_reason, iterations = "iteration budget", 0
+    while iterations < budgets.iterations:
+        if nodes >= budgets.nodes:
+            stop_reason = "node budget"
+            break
+        if time.perf_counter() - started >= budgets.seconds:
+            stop_reason = "time budget"
+            break
+        outputs = egraph.run_program(*program.iteration)
+        iterations += 1
+        changed, can_stop = False, True
+        for output in outputs:
+            report = output.report
+            changed |= report.updated
+            can_stop &= report.can_stop
+            for rule, count in report.num_matches_per_rule.items():
+                matches[rule] = matches.get(rule, 0) + count
+        new_nodes = size()
+        if not changed and new_nodes == nodes and can_stop:
+            stop_reason = "saturated"
+            nodes = new_nodes
+            break
+        nodes = new_nodes
+    return egraph, SaturationReport(
+        stop_reason=stop_reason, iterations=iterations, egraph_nodes=nodes,
+        seconds=time.perf_counter() - started,
+        matches_per_rule={r: c for r, c in sorted(matches.items()) if c},
+        rule_files=program.files, rules=program.rules)
