@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -64,36 +64,41 @@ def _source_proto(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
 def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: str = "numpy",
             extractor: str = "greedy-dag", rules: list[str | Path] | None = None,
             input_shapes: dict[str, tuple[int, ...]] | None = None,
-            budgets: Budgets | None = None) -> Compiled:
+            budgets: Budgets | None = None,
+            progress: Callable[[str], None] | None = None) -> Compiled:
     """Compile an ONNX model (path or ModelProto) into a fused program for `target`.
 
-    `rules` adds rule files to the shipped ones; `input_shapes` fixes dynamic input dims.
+    `rules` adds rule files to the shipped ones; `input_shapes` fixes dynamic input dims;
+    `progress`, if given, is called with each stage's name as it starts.
     """
     timings: dict[str, float] = {}
-    clock = time.perf_counter()
+    current: list = [None, time.perf_counter()]
 
-    def lap(stage: str) -> None:
-        nonlocal clock
+    def stage(name: str) -> None:
         now = time.perf_counter()
-        timings[stage] = now - clock
-        clock = now
+        if current[0] is not None:
+            timings[current[0]] = now - current[1]
+        current[:] = [name, now]
+        if progress is not None and name != "done":
+            progress(name)
 
     cost_model = load_cost_model(target)
+    stage("import")
     graph = import_model(model, input_shapes)
-    lap("import")
+    stage("encode")
     encoding = encode(graph)
-    lap("encode")
+    stage("saturate")
     egraph, saturation = saturate(encoding, rules, budgets or Budgets())
-    lap("saturate")
+    stage("extract")
     serialized = read_egraph(egraph)
     fill_missing_facts(serialized)
     extraction = extract(serialized, roots_of(serialized, encoding.output_vars), cost_model,
                          extractor)
-    lap("extract")
+    stage("decode")
     plan = decode(serialized, extraction, encoding, graph)
-    lap("decode")
+    stage("lower")
     program = lower(plan, backend, graph.opset)
-    lap("lower")
+    stage("done")
 
     kernel_reports = []
     for kernel in plan.kernels:

@@ -1,0 +1,51 @@
+"""Shared fixtures: small ONNX models built with onnx.helper, and the real exported models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+MODELS_DIR = Path(__file__).parent / "models"
+
+
+def real_models() -> list[dict]:
+    """The entries of tests/models/manifest.json (models exported from transformers)."""
+    return json.loads((MODELS_DIR / "manifest.json").read_text())["models"]
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17, name="test"):
+    """A model from helper nodes; inputs/outputs are (name, shape) or (name, shape, elem_type)."""
+    def vi(spec):
+        name, shape, *elem = spec
+        return helper.make_tensor_value_info(name, elem[0] if elem else TensorProto.FLOAT, shape)
+    graph = helper.make_graph(list(nodes), name, [vi(i) for i in inputs], [vi(o) for o in outputs],
+                              [numpy_helper.from_array(np.asarray(v), k)
+                               for k, v in dict(initializers).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def conv_bn_relu_model(rng, with_bias=True):
+    """x[1,4,8,8] -> Conv 3x3 (8 out) -> BatchNormalization -> Relu -> y."""
+    inits = {"w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
+             "s": rng.uniform(0.5, 1.5, 8).astype(np.float32),
+             "b": rng.normal(0, 0.1, 8).astype(np.float32),
+             "m": rng.normal(0, 0.1, 8).astype(np.float32),
+             "v": rng.uniform(0.5, 1.5, 8).astype(np.float32)}
+    conv_inputs = ["x", "w"]
+    if with_bias:
+        inits["cb"] = rng.normal(0, 0.1, 8).astype(np.float32)
+        conv_inputs.append("cb")
+    nodes = [helper.make_node("Conv", conv_inputs, ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    return make_model(nodes, [("x", [1, 4, 8, 8])], [("y", [1, 8, 8, 8])], inits)

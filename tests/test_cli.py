@@ -1,0 +1,118 @@
+"""The command line: every command works, and a user's mistake ends in one clear line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from eqsat_fuse.cli import main
+
+from conftest import MODELS_DIR
+
+RESNET = str(MODELS_DIR / "resnet_tiny_op17.onnx")
+
+
+def run_cli(*args):
+    """Run the installed console script in a fresh process: (exit code, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", *args],
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_demo_compiles_runs_verifies_and_says_what_was_fused():
+    code, out, err = run_cli("demo")
+    assert code == 0, err
+    assert "Conv+Relu" in out and "MatMul+Add" in out
+    assert "45 ONNX nodes before" in out and "kernels after" in out
+    assert "verify against onnxruntime: OK" in out
+    assert "[eqsat-fuse] saturate..." in err          # progress goes to stderr
+
+
+def test_every_command_has_help(capsys):
+    for command in ([], ["demo"], ["optimize"], ["run"], ["verify"]):
+        with pytest.raises(SystemExit) as info:
+            main([*command, "--help"])
+        assert info.value.code == 0
+        assert "usage: eqsat-fuse" in capsys.readouterr().out
+
+
+def test_optimize_json_has_the_documented_keys(capsys):
+    assert main(["optimize", RESNET, "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for key in ("nodes_in", "kernels_out", "stop_reason", "egraph_nodes", "cost", "peak_bytes",
+                "timings", "matches_per_rule", "kernels"):
+        assert key in report
+    assert report["kernels_out"] < report["nodes_in"]
+
+
+def test_optimize_explain_lists_rules_and_kernel_costs(capsys):
+    assert main(["optimize", RESNET, "--explain", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "conv2d-nobias-bn-fold" in out and "Conv+Relu" in out and " us " in out
+
+
+def feeds_file(tmp_path):
+    path = tmp_path / "feeds.npz"
+    x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    np.savez(path, pixel_values=x)
+    return path
+
+
+def test_run_writes_outputs_and_never_overwrites_without_force(tmp_path, capsys):
+    feeds, out = feeds_file(tmp_path), tmp_path / "out.npz"
+    assert main(["run", RESNET, "--inputs", str(feeds), "-o", str(out), "--quiet"]) == 0
+    first = np.load(out)["logits"]
+    assert first.shape == (1, 10)
+    before = out.read_bytes()
+    assert main(["run", RESNET, "--inputs", str(feeds), "-o", str(out), "--quiet"]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main(["run", RESNET, "--inputs", str(feeds), "-o", str(out), "--force",
+                 "--quiet"]) == 0
+    assert not list(tmp_path.glob(".out.npz.*")), "the temporary file was left behind"
+
+
+def test_run_refuses_to_overwrite_its_inputs(tmp_path, capsys):
+    feeds = feeds_file(tmp_path)
+    assert main(["run", RESNET, "--inputs", str(feeds), "-o", str(feeds), "--force",
+                 "--quiet"]) == 2
+    assert "refusing to overwrite the input" in capsys.readouterr().err
+
+
+def test_verify_exits_zero_on_a_match(capsys):
+    assert main(["verify", RESNET, "--quiet"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["optimize", "no/such/model.onnx"], "no/such/model.onnx: no such file"),
+    (["optimize", RESNET, "--target", "tpu"], "unknown target 'tpu'"),
+    (["run", RESNET, "--inputs", "missing.npz"], "missing.npz: no such file"),
+    (["optimize", RESNET, "--input-shape", "pixel_values"], "expected NAME=D1,D2"),
+])
+def test_user_mistakes_end_in_one_clear_line(args, message):
+    code, out, err = run_cli(*args, "--quiet")
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_bad_rule_file_is_named_with_line_and_column(tmp_path):
+    rules = tmp_path / "bad.egg"
+    rules.write_text('\n\n(rewrite (Relu x) (Nope x) :ruleset fuse :name "oops")\n')
+    code, _, err = run_cli("optimize", RESNET, "--rules", str(rules), "--quiet")
+    assert code == 2
+    assert f"{rules}:3:" in err and "Unbound function Nope" in err
+    assert "Traceback" not in err
+
+
+def test_wrong_feed_names_the_input(tmp_path):
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, pixel_values=np.zeros((1, 3, 32, 32), np.float32))
+    code, _, err = run_cli("run", RESNET, "--inputs", str(feeds), "--quiet")
+    assert code == 2
+    assert "input 'pixel_values' has shape [1, 3, 32, 32]" in err and "[1, 3, 64, 64]" in err

@@ -1,0 +1,57 @@
+"""Running a compiled program: feeds are checked, outputs are right, memory is planned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import eqsat_fuse as ef
+
+from conftest import conv_bn_relu_model, make_model
+
+
+@pytest.fixture
+def compiled(rng):
+    return ef.compile(conv_bn_relu_model(rng))
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({}, "missing input 'x'"),
+    ({"x": np.zeros((1, 4, 8, 8), np.float32), "z": 1}, "unknown input 'z'"),
+    ({"x": np.zeros((1, 4, 8, 8), np.float64)}, "dtype float64.*expects float32"),
+    ({"x": np.zeros((1, 4, 8, 9), np.float32)}, r"shape \[1, 4, 8, 9\].*\[1, 4, 8, 8\]"),
+])
+def test_bad_feeds_name_the_input(compiled, feeds, message):
+    with pytest.raises(ef.FeedError, match=message):
+        compiled.run(feeds)
+
+
+def test_conv_bn_relu_is_one_kernel_with_folded_weights(compiled):
+    kernels = compiled.report.kernels
+    assert [k.ops for k in kernels] == [["Conv", "Relu"]]
+    assert compiled.verify().ok
+
+
+def test_conv_without_bias_folds_batchnorm_too(rng):
+    compiled = ef.compile(conv_bn_relu_model(rng, with_bias=False))
+    assert [k.ops for k in compiled.report.kernels] == [["Conv", "Relu"]]
+    assert compiled.report.matches_per_rule["conv2d-nobias-bn-fold"] == 1
+    assert compiled.verify().ok
+
+
+def test_an_output_that_is_also_read_later_survives_until_the_end():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Exp", ["a"], ["b"]),
+             helper.make_node("Mul", ["b", "b"], ["c"])]
+    model = make_model(nodes, [("x", [2, 3])], [("a", [2, 3]), ("c", [2, 3])])
+    compiled = ef.compile(model)
+    x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+    out = compiled.run({"x": x})
+    np.testing.assert_allclose(out["a"], np.maximum(x, 0))
+    np.testing.assert_allclose(out["c"], np.exp(np.maximum(x, 0)) ** 2, rtol=1e-6)
+
+
+def test_memory_plan_peak_is_between_the_lower_bound_and_separate_allocation():
+    from conftest import MODELS_DIR
+    report = ef.compile(MODELS_DIR / "mobilenetv2_tiny_op17.onnx").report
+    assert 0 < report.lower_bound_bytes <= report.peak_bytes < report.separate_bytes
