@@ -70,8 +70,18 @@ def render_float(value: float) -> str:
 
 
 def _facts(var: str, info: TensorInfo) -> list[str]:
+    """The shape and dtype facts of one value."""
     return [f"(set (shape {var}) {render_value(info.shape, 'IVec')})",
             f'(set (dtype {var}) "{info.dtype}")']
+
+
+def _splat_value(value) -> float | None:
+    """The value of a one-element numeric constant (a scalar such as an epsilon or a 0.5),
+    else None. Larger constants get no value fact, even when all their elements are equal:
+    an all-zero bias is data, and identities such as x + 0 = x on it would only close loops."""
+    if value.size != 1 or value.dtype.kind not in "fiu":
+        return None
+    return float(value.reshape(-1)[0])
 
 
 def encode(graph: Graph) -> Encoding:
@@ -94,6 +104,12 @@ def encode(graph: Graph) -> Encoding:
         var = new_var("l")
         lines.append(f'(let {var} ({constructor} "{key}"))')
         lines.extend(_facts(var, graph.values[name]))
+        if constructor == "Input":
+            lines.append(f"(dynamic {var})")
+        value = graph.initializers.get(name) if constructor == "Const" else None
+        splat = _splat_value(value) if value is not None else None
+        if splat is not None:
+            lines.append(f"(set (scalar-value {var}) {render_float(splat)})")
         value_vars[name] = var
 
     used = {i for n in graph.nodes for i in n.inputs if i} | set(graph.outputs)
@@ -136,6 +152,8 @@ def encode(graph: Graph) -> Encoding:
             info = graph.values[output]
             lines.extend(_facts(inner, info))
             lines.extend(_facts(outer, info))
+            # import folded every node over constants only: what is left depends on an input
+            lines.append(f"(dynamic {inner})")
             value_vars[output] = outer
 
     return Encoding(program="\n".join(lines) + "\n", leaf_keys=leaf_keys, value_vars=value_vars,

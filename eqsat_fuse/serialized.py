@@ -81,8 +81,9 @@ def parse_export(data: dict) -> SerializedEGraph:
             class_index[cid] = len(class_ids)
             class_ids.append(cid)
             class_sort.append(sort)
-    lets = {info["let"]: class_index[cid] for cid, info in class_data.items()
-            if "let" in info and cid in class_index}
+    # a class bound by several lets (after unions) lists them all: "$a, $b"
+    lets = {name.strip(): class_index[cid] for cid, info in class_data.items()
+            if "let" in info and cid in class_index for name in info["let"].split(",")}
 
     # primitive values per class (a class of a primitive sort holds one primitive node)
     values: dict[str, Any] = {}
