@@ -60,3 +60,26 @@ def test_transformer_outputs_match_on_user_given_inputs():
              "attention_mask": np.concatenate([np.ones((1, 12)), np.zeros((1, 4))],
                                               axis=1).astype(np.int64)}
     assert program.verify(feeds).ok
+
+
+def onnxruntime_extended_node_count(path, tmp_path) -> int:
+    """Nodes onnxruntime's own optimizer leaves at ORT_ENABLE_EXTENDED (every fusion it has,
+    without the layout pass that adds reorder nodes), counted in its saved optimized model."""
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "ort_optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return len(onnx.load(options.optimized_model_filepath).graph.node)
+
+
+@pytest.mark.parametrize("file", [m["file"] for m in MODELS])
+def test_kernels_are_no_more_than_onnxruntime_extended_nodes(file, tmp_path):
+    report = ef.compile(MODELS_DIR / file).report
+    ort_nodes = onnxruntime_extended_node_count(MODELS_DIR / file, tmp_path)
+    # views (Reshape/Transpose... that move no data) counted too, as onnxruntime counts its own
+    assert report.kernels_out + report.views <= ort_nodes, (file, report.kernels_out,
+                                                            report.views, ort_nodes)
