@@ -88,7 +88,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     stage("encode")
     encoding = encode(graph)
     stage("saturate")
-    egraph, saturation = saturate(encoding, rules, budgets or Budgets())
+    egraph, saturation = saturate(encoding, rules, budgets or Budgets(), cost_model.target)
     stage("extract")
     serialized = read_egraph(egraph)
     fill_missing_facts(serialized)

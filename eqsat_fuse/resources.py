@@ -28,6 +28,12 @@ def rule_files() -> list[Path]:
     return [language, *others]
 
 
+def target_rule_files(target: str) -> list[Path]:
+    """Rule files that only the given target loads (`rules/targets/<target>.egg`)."""
+    path = data_dir("rules") / "targets" / f"{target}.egg"
+    return [path] if path.is_file() else []
+
+
 def schedule_file() -> Path:
     """The shipped schedule: which rulesets run in which order."""
     return data_dir("rules") / "schedule.egg"

@@ -21,7 +21,7 @@ from egglog import bindings
 
 from .encode import Encoding
 from .errors import RuleFileError
-from .resources import rule_files, schedule_file
+from .resources import rule_files, schedule_file, target_rule_files
 
 # Commands a user's rule file may contain. Everything else (include, input, output, extract,
 # run-schedule, push/pop, new sorts or constructors...) is refused before the file runs.
@@ -92,7 +92,7 @@ def _rule_file_error(exc: Exception, default_file: str) -> RuleFileError:
 class RuleProgram:
     """An e-graph with the term language, the shipped rules and any user rules loaded."""
 
-    def __init__(self, user_rules: list[str | Path] | None = None):
+    def __init__(self, user_rules: list[str | Path] | None = None, target: str | None = None):
         self.egraph = bindings.EGraph()
         self.files: list[str] = []
         self.rules: dict[str, RuleInfo] = {}
@@ -101,8 +101,24 @@ class RuleProgram:
             self._load(Path(path), trusted=True)
         schedule = schedule_file()
         self._load(schedule, trusted=True, schedule=True)
+        scheduled = set(self.rulesets)
+        for path in target_rule_files(target) if target else []:
+            self._load(Path(path), trusted=True)
         for path in user_rules or []:
             self._load(Path(path), trusted=False)
+        self._schedule_extra_rulesets([r for r in self.rulesets if r not in scheduled])
+
+    def _schedule_extra_rulesets(self, rulesets: list[str]) -> None:
+        """Rulesets that target or user files declare run after the shipped schedule's step,
+        under a back-off scheduler of their own."""
+        if not rulesets:
+            return
+        runs = " ".join(f"(run-with $extra-backoff {name})" for name in rulesets)
+        commands = self.egraph.parse_program(
+            "(let-scheduler $extra-backoff (back-off :match-limit 20000 :ban-length 3))\n"
+            f"(run-schedule (seq {runs}))", filename="<schedule of extra rulesets>")
+        self.egraph.run_program(commands[0])
+        self.iteration = [*self.iteration, *commands[1:]]
 
     def _load(self, path: Path, *, trusted: bool, schedule: bool = False) -> None:
         try:
@@ -170,10 +186,13 @@ class RuleProgram:
 
 
 def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
-             budgets: Budgets = Budgets()) -> tuple[bindings.EGraph, SaturationReport]:
-    """Run the rules on the encoded model until saturation or a budget; return e-graph and report."""
+             budgets: Budgets = Budgets(),
+             target: str | None = None) -> tuple[bindings.EGraph, SaturationReport]:
+    """Run the rules on the encoded model until saturation or a budget; return e-graph and report.
+
+    `target` adds the rule files only that target loads (rules/targets/<target>.egg)."""
     started = time.perf_counter()
-    program = RuleProgram(user_rules)
+    program = RuleProgram(user_rules, target)
     egraph = program.egraph
     egraph.run_program(*egraph.parse_program(encoding.program, filename="<model>"))
     size_command = egraph.parse_program("(print-size)")

@@ -319,6 +319,29 @@ def siblings(n):
 
 case("sibling-matmul-bias", siblings(2))
 case("sibling-matmul-bias-3", siblings(3))
+case("relu-before-reshape",
+     graph([("MatMul", ["x", "w"], ["m"], {}), ("Reshape", ["m", "s"], ["r"], {}),
+            ("Relu", ["r"], ["y"], {})], {"x": [6, 4]}, {"y": [2, 3, 5]},
+           {"w": rand(4, 5), "s": np.array([2, 3, 5], np.int64)}), kernel_with("MatMul", "Relu"))
+case("gelu-before-reshape",
+     graph([("MatMul", ["x", "w"], ["m"], {}), ("Reshape", ["m", "s"], ["r"], {}),
+            ("Gelu", ["r"], ["y"], {})], {"x": [6, 4]}, {"y": [2, 3, 5]},
+           {"w": rand(4, 5), "s": np.array([2, 3, 5], np.int64)}, opset=20),
+     kernel_with("MatMul", "Gelu"))
+case("sigmoid-before-reshape",
+     graph([("MatMul", ["x", "w"], ["m"], {}), ("Reshape", ["m", "s"], ["r"], {}),
+            ("Sigmoid", ["r"], ["y"], {})], {"x": [6, 4]}, {"y": [2, 3, 5]},
+           {"w": rand(4, 5), "s": np.array([2, 3, 5], np.int64)}),
+     kernel_with("MatMul", "Sigmoid"))
+case("tanh-before-reshape",
+     graph([("MatMul", ["x", "w"], ["m"], {}), ("Reshape", ["m", "s"], ["r"], {}),
+            ("Tanh", ["r"], ["y"], {})], {"x": [6, 4]}, {"y": [2, 3, 5]},
+           {"w": rand(4, 5), "s": np.array([2, 3, 5], np.int64)}), kernel_with("MatMul", "Tanh"))
+case("scale-before-reshape",
+     graph([("MatMul", ["x", "w"], ["m"], {}), ("Reshape", ["m", "s"], ["r"], {}),
+            ("Mul", ["r", "c"], ["y"], {})], {"x": [6, 4]}, {"y": [2, 3, 5]},
+           {"w": rand(4, 5), "s": np.array([2, 3, 5], np.int64), "c": np.array(0.5, F)}),
+     kernel_with("MatMul", "Mul"))
 case("sibling-conv",
      graph([("Conv", ["x", "w0", "b0"], ["y0"], {"pads": [1] * 4}),
             ("Conv", ["x", "w1", "b1"], ["y1"], {"pads": [1] * 4})],
