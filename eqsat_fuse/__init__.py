@@ -9,8 +9,9 @@
 from .errors import (CostModelError, EqsatFuseError, FeedError, ModelError, RuleFileError,
                      VerificationError)
 from .pipeline import Compiled, compile
+from .rulecheck import check_rules
 from .saturate import Budgets
 
 __all__ = ["compile", "Compiled", "Budgets", "EqsatFuseError", "ModelError", "RuleFileError",
-           "CostModelError", "FeedError", "VerificationError"]
+           "CostModelError", "FeedError", "VerificationError", "check_rules"]
 __version__ = "0.1.0"

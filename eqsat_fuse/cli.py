@@ -1,8 +1,8 @@
-"""The `eqsat-fuse` command line: demo, optimize, run, verify.
+"""The `eqsat-fuse` command line: demo, optimize, run, verify, rules check.
 
 A mistake in what the user gave (a bad model, rule file, cost file or feed) ends with one line
 `eqsat-fuse: error: ...` naming the file, line or input, and exit status 2; a mismatch found by
-`verify` exits 1.
+`verify` exits 1, and so does an unsound rule found by `rules check`.
 """
 
 from __future__ import annotations
@@ -165,6 +165,24 @@ def cmd_verify(args) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_rules_check(args) -> int:
+    from .rulecheck import check_rules
+
+    progress = None
+    if not args.json and not args.quiet:
+        def progress(result):
+            print(f"[eqsat-fuse] {result.status:9} {result.name}", file=sys.stderr, flush=True)
+    report = check_rules(args.files or None, examples=args.examples, seed=args.seed,
+                         progress=progress)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.summary())
+    if report.unsound:
+        return 1
+    return 3 if args.strict and report.unchecked else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eqsat-fuse",
@@ -213,6 +231,34 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_compile_options(verify)
     verify.set_defaults(func=cmd_verify)
+
+    rules = sub.add_parser("rules", help="work with rule files (check their soundness)",
+                           description="Work with rule files.")
+    rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION")
+    rules_sub.required = True
+    check = rules_sub.add_parser(
+        "check", help="check that every rule's two sides compute the same tensor",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="For every rule in FILE... (default: every shipped rule file), draw shapes, "
+                    "attributes and values\nthat satisfy its conditions (hypothesis), evaluate "
+                    "both sides with the NumPy backend and\ncompare them. User files are loaded "
+                    "after the shipped ones, as compilation loads them.",
+        epilog="exit status:\n"
+               "  0  no rule is unsound (rules that could not be checked are listed as "
+               "UNCHECKED,\n     not failures; add --strict to fail on them)\n"
+               "  1  a rule is unsound: its name, file:line and a counterexample are printed\n"
+               "  2  a rule file is malformed (file:line:column) or cannot be read\n"
+               "  3  with --strict: no rule is unsound but some could not be checked")
+    check.add_argument("files", nargs="*", metavar="FILE",
+                       help="rule files to check (default: the shipped rules)")
+    check.add_argument("--examples", type=int, default=50, metavar="N",
+                       help="examples per rule (default: 50)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the examples (default: 0)")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("--strict", action="store_true",
+                       help="exit 3 when some rule could not be checked")
+    check.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    check.set_defaults(func=cmd_rules_check)
     return parser
 
 

@@ -34,6 +34,11 @@ def target_rule_files(target: str) -> list[Path]:
     return [path] if path.is_file() else []
 
 
+def all_target_rule_files() -> list[Path]:
+    """Every target's own rule files."""
+    return sorted((data_dir("rules") / "targets").glob("*.egg"))
+
+
 def schedule_file() -> Path:
     """The shipped schedule: which rulesets run in which order."""
     return data_dir("rules") / "schedule.egg"

@@ -66,9 +66,11 @@ class SaturationReport:
 
 
 def _location(text: str, offset: int) -> tuple[int, int]:
-    line = text.count("\n", 0, offset) + 1
-    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
-    return line, column
+    """(line, column) of egglog's byte `offset` into `text`; the column counts characters."""
+    data = text.encode()
+    line = data.count(b"\n", 0, offset) + 1
+    start = data.rfind(b"\n", 0, offset) + 1
+    return line, len(data[start:offset].decode(errors="replace")) + 1
 
 
 def _command_span(command):

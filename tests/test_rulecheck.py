@@ -1,0 +1,335 @@
+"""The soundness checker (`eqsat-fuse rules check`, `ef.check_rules`).
+
+It must pass every shipped rule, catch deliberately wrong variants of shipped rules (each in its
+own file under tests/rules_wrong/) with name, file, line and a counterexample, report rules it
+cannot instantiate as UNCHECKED (never as passed), and exit with the documented statuses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import eqsat_fuse as ef
+from eqsat_fuse.resources import rule_files
+from eqsat_fuse.rulecheck import (Call, Eq, Lit, Var, check_rules, fold_constants, match,
+                                  parse_rule_files, substitute)
+from eqsat_fuse.resources import all_target_rule_files
+from eqsat_fuse.saturate import RuleProgram
+
+ROOT = Path(__file__).resolve().parent.parent
+WRONG = Path(__file__).resolve().parent / "rules_wrong"
+
+# Shipped rules the checker cannot check yet, with the reason (ideally none). A rule listed here
+# must still not be unsound; a rule missing from here must pass.
+KNOWN_UNCHECKED: dict[str, str] = {}
+
+# Shipped rules the checker has found unsound and that are reported to the rule authors (ideally
+# none). The test insists on exactly this set: a new unsound rule fails it, and so does a fix
+# (remove the entry then).
+KNOWN_UNSOUND: dict[str, str] = {}
+
+# Each deliberately wrong variant: file -> (rule name, what is wrong with it).
+WRONG_RULES = {
+    "bn_eps_times_ten.egg": ("wrong-bn-fold-eps-times-ten", "epsilon multiplied by 10"),
+    "bn_eps_dropped.egg": ("wrong-bn-fold-no-eps", "epsilon dropped"),
+    "fuse_sub_swapped.egg": ("wrong-fuse-sub-swapped", "Sub operands swapped"),
+    "fuse_div_swapped.egg": ("wrong-fuse-div-swapped", "Div operands swapped"),
+    "bn_wrong_axis.egg": ("wrong-bn-fold-axis", "scale unsqueezed along the wrong axes"),
+    "channel_scale_wrong_axis.egg": ("wrong-channel-scale-axis",
+                                     "per-channel scale reshaped along the wrong axis"),
+    "bn_bias_no_mean.egg": ("wrong-bn-fold-bias-no-mean", "folded bias misses -mean*k"),
+    "bn_bias_no_beta.egg": ("wrong-bn-fold-bias-no-beta", "folded bias misses +beta"),
+    "conv_bias_absent.egg": ("wrong-conv-shift-forgets-absent-bias",
+                             "an absent Conv bias is not excluded"),
+}
+
+NEVER_MATCHES = """\
+; no convolution has weights of rank 9: the condition can never be met
+(rule ((= e (Relu (Mat (Conv x w b pads strides dil g)))) (= 9 (vec-length (shape w))))
+      ((union e (Relu (Conv x w b pads strides dil g))))
+      :ruleset fuse :name "never-matches-rank9-conv")
+"""
+
+UNKNOWN_CONDITION = """\
+(relation small-group (i64))
+(rule ((= e (Relu (Mat (Conv x w b pads strides dil g)))) (small-group g))
+      ((union e (Relu (Conv x w b pads strides dil g))))
+      :ruleset fuse :name "unknown-condition-small-group")
+"""
+
+WRONG_FACT = """\
+; the shape of a broadcasting Add is not the shape of its first operand
+(rule ((= e (Add a b)) (= s (shape a))) ((set (shape e) s))
+      :ruleset analysis :name "wrong-shape-add")
+"""
+
+HARD_CODED_DTYPE = """\
+; 0 - x is -x, but the literal's dtype is hard-coded: for float64 x the result is float32
+(rewrite (Neg x) (Sub (Scalar 0.0 "float32") x) :ruleset canon :name "wrong-neg-as-sub-f32")
+"""
+
+SOUND = """\
+(rewrite (Mat (Mat x)) (Mat x) :ruleset canon :name "test-mat-of-mat")
+(rule ((= e (Exp (Mat x))) (fusable x)) ((union e (Exp x))) :ruleset fuse :name "test-fuse-exp")
+(rule ((= e (Softmax x a))) ((fusable e)) :ruleset analysis :name "test-fusable-softmax")
+"""
+
+BIREWRITES = """\
+(birewrite (Mul a b) (Mul b a) :ruleset canon :name "test-mul-commute-both-ways")
+(birewrite (Sub a b) (Sub b a) :ruleset canon :name "test-sub-commute-wrong")
+"""
+
+
+def _rule_line(path: Path, name: str) -> int:
+    """The line of the `(rule`/`(rewrite` form that declares `name`."""
+    lines = path.read_text().splitlines()
+    named = next(i for i, text in enumerate(lines) if f'"{name}"' in text)
+    return next(i for i in range(named, -1, -1)
+                if lines[i].lstrip().startswith(("(rule", "(rewrite", "(birewrite"))) + 1
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "rules", "check", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def shipped_report():
+    return check_rules()
+
+
+@pytest.fixture(scope="module")
+def wrong_report():
+    return check_rules(sorted(WRONG.glob("*.egg")))
+
+
+# ---- (1) every shipped rule --------------------------------------------------------------------
+
+def test_no_shipped_rule_is_unsound(shipped_report):
+    unsound = {r.name for r in shipped_report.unsound}
+    assert unsound == set(KNOWN_UNSOUND), shipped_report.summary()
+    for result in shipped_report.unsound:
+        assert result.counterexample is not None
+
+
+def test_every_shipped_equality_is_checked(shipped_report):
+    shipped = set(RuleProgram().rules)
+    for target_file in all_target_rule_files():
+        shipped |= set(RuleProgram(target=target_file.stem).rules)
+    assert {r.name for r in shipped_report.results} == shipped
+    for result in shipped_report.results:
+        if result.status == "fact":
+            assert result.rule.kind == "fact" and not result.rule.unions, result.name
+            continue
+        if result.name in KNOWN_UNCHECKED:
+            assert result.status in ("unchecked", "passed"), result.name
+            continue
+        if result.name in KNOWN_UNSOUND:
+            continue
+        assert result.status == "passed", f"{result.name}: {result.status}: {result.reason}"
+        assert result.examples > 0
+
+
+def test_fact_rules_are_listed_as_facts_not_as_passed(shipped_report):
+    facts = {r.name for r in shipped_report.facts}
+    assert "fusable-conv" in facts
+    assert "fusable-conv" not in {r.name for r in shipped_report.passed}
+    assert "facts (not an equality)" in shipped_report.summary()
+
+
+def test_shipped_report_records_relied_on_relations(shipped_report):
+    fuse_relu = shipped_report.result("fuse-relu")
+    assert fuse_relu.status == "passed"
+    assert "(fusable x)" in fuse_relu.relies_on
+
+
+def test_rule_locations_match_the_loader():
+    program = RuleProgram()
+    rules = parse_rule_files(rule_files())
+    assert {r.name for r in rules} == set(program.rules)
+    for rule in rules:
+        info = program.rules[rule.name]
+        assert (Path(rule.file), rule.line, rule.ruleset) == (Path(info.file), info.line,
+                                                               info.ruleset)
+
+
+# ---- (2) deliberately wrong variants -----------------------------------------------------------
+
+@pytest.mark.parametrize("file_name", sorted(WRONG_RULES))
+def test_wrong_variant_is_unsound(wrong_report, file_name):
+    name, what = WRONG_RULES[file_name]
+    path = WRONG / file_name
+    result = wrong_report.result(name)
+    assert result.status == "unsound", f"{what}: {result.status} {result.reason}"
+    assert Path(result.rule.file).resolve() == path.resolve()
+    assert result.rule.line == _rule_line(path, name)
+    cx = result.counterexample
+    assert cx is not None
+    assert cx.inputs, "the counterexample names the sampled tensors"
+    if cx.error is None:
+        assert cx.max_abs_diff is not None and cx.max_abs_diff > cx.tolerance
+        assert cx.index is not None
+    text = wrong_report.summary()
+    assert name in text and f"{file_name}:{result.rule.line}" in text
+
+
+def test_every_wrong_file_is_covered():
+    assert sorted(p.name for p in WRONG.glob("*.egg")) == sorted(WRONG_RULES)
+
+
+def test_wrong_epsilon_counterexample_shows_attributes(wrong_report):
+    cx = wrong_report.result("wrong-bn-fold-eps-times-ten").counterexample
+    assert "eps" in cx.attributes and "pads" in cx.attributes
+    assert "largest difference" in cx.describe()
+    assert json.dumps(cx.as_dict())
+
+
+def test_absent_bias_is_sampled(wrong_report):
+    cx = wrong_report.result("wrong-conv-shift-forgets-absent-bias").counterexample
+    assert cx.inputs["b"] is None and "fails to evaluate" in cx.error
+
+
+def test_wrong_shape_fact_is_unsound(tmp_path):
+    path = tmp_path / "fact.egg"
+    path.write_text(WRONG_FACT)
+    result = check_rules([path]).result("wrong-shape-add")
+    assert result.status == "unsound" and result.rule.kind == "fact"
+    assert "sets (shape (Add a b))" in result.counterexample.error
+
+
+def test_hard_coded_dtype_is_unsound(tmp_path):
+    path = tmp_path / "dtype.egg"
+    path.write_text(HARD_CODED_DTYPE)
+    result = check_rules([path]).result("wrong-neg-as-sub-f32")
+    assert result.status == "unsound"
+    assert "dtypes differ" in result.counterexample.error
+
+
+def test_birewrite_checks_both_directions(tmp_path):
+    path = tmp_path / "bi.egg"
+    path.write_text(BIREWRITES)
+    report = check_rules([path], examples=20)
+    assert report.result("test-mul-commute-both-ways").status == "passed"
+    assert report.result("test-mul-commute-both-ways").examples >= 2 * 20
+    wrong = report.result("test-sub-commute-wrong")
+    assert wrong.status == "unsound" and wrong.counterexample.direction == "lhs => rhs"
+
+
+def test_same_seed_same_counterexample():
+    path = WRONG / "fuse_div_swapped.egg"
+    a = check_rules([path], seed=3).result("wrong-fuse-div-swapped").counterexample
+    b = check_rules([path], seed=3).result("wrong-fuse-div-swapped").counterexample
+    assert a.as_dict() == b.as_dict()
+
+
+# ---- (3) rules that cannot be checked ----------------------------------------------------------
+
+def test_condition_never_met_is_unchecked(tmp_path):
+    path = tmp_path / "never.egg"
+    path.write_text(NEVER_MATCHES)
+    report = check_rules([path], examples=10)
+    result = report.result("never-matches-rank9-conv")
+    assert result.status == "unchecked" and result.examples == 0
+    assert "no sample met" in result.reason
+    assert not report.passed and report.ok
+    assert "UNCHECKED" in report.summary() and "never-matches-rank9-conv" in report.summary()
+
+
+def test_unknown_condition_is_unchecked_with_reason(tmp_path):
+    path = tmp_path / "unknown.egg"
+    path.write_text(UNKNOWN_CONDITION)
+    result = check_rules([path]).result("unknown-condition-small-group")
+    assert result.status == "unchecked"
+    assert "(small-group g)" in result.reason
+
+
+# ---- (4) the command line ----------------------------------------------------------------------
+
+def test_cli_exit_1_on_an_unsound_rule():
+    proc = _cli("--quiet", "tests/rules_wrong/fuse_sub_swapped.egg")
+    assert proc.returncode == 1, proc.stderr
+    assert "UNSOUND" in proc.stdout and "wrong-fuse-sub-swapped" in proc.stdout
+    assert "tests/rules_wrong/fuse_sub_swapped.egg:2" in proc.stdout
+    assert "counterexample" in proc.stdout and "largest difference" in proc.stdout
+
+
+def test_cli_exit_0_on_sound_rules(tmp_path):
+    path = tmp_path / "sound.egg"
+    path.write_text(SOUND)
+    proc = _cli("--quiet", "--examples", "10", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no unsound rule" in proc.stdout and "test-mat-of-mat" in proc.stdout
+    assert "test-fusable-softmax" in proc.stdout.split("facts (not an equality)")[1]
+
+
+def test_cli_unchecked_is_listed_and_strict_exits_3(tmp_path):
+    path = tmp_path / "never.egg"
+    path.write_text(NEVER_MATCHES)
+    proc = _cli("--quiet", "--examples", "5", str(path))
+    assert proc.returncode == 0 and "UNCHECKED" in proc.stdout
+    proc = _cli("--quiet", "--strict", "--examples", "5", str(path))
+    assert proc.returncode == 3
+
+
+def test_cli_json():
+    proc = _cli("--json", "--examples", "10", "tests/rules_wrong/bn_eps_dropped.egg")
+    assert proc.returncode == 1
+    data = json.loads(proc.stdout)
+    assert data["ok"] is False and data["counts"]["unsound"] == 1
+    (rule,) = data["rules"]
+    assert rule["name"] == "wrong-bn-fold-no-eps" and rule["line"] == 2
+    assert rule["counterexample"]["max_abs_diff"] > rule["counterexample"]["tolerance"]
+
+
+def test_cli_malformed_file_exits_2_with_location(tmp_path):
+    path = tmp_path / "broken.egg"
+    path.write_text("(rule ((= e (Relu x)))\n  ((union e (NoSuchOp x))) :ruleset fuse :name \"b\")\n")
+    proc = _cli("--quiet", str(path))
+    assert proc.returncode == 2
+    assert "eqsat-fuse: error:" in proc.stderr and str(path) in proc.stderr
+
+
+def test_cli_help_documents_exit_status():
+    proc = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "rules", "check", "--help"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and "exit status" in proc.stdout and "--strict" in proc.stdout
+
+
+# ---- the pattern structure other code reuses ---------------------------------------------------
+
+def test_parsed_rule_patterns(tmp_path):
+    path = tmp_path / "sound.egg"
+    path.write_text(SOUND)
+    rules = {r.name: r for r in parse_rule_files([*rule_files(), path])}
+    fold = rules["conv2d-bn-fold"]
+    assert fold.kind == "rule" and fold.ruleset == "fold"
+    assert isinstance(fold.lhs, Call) and fold.lhs.op == "BatchNormalization"
+    assert isinstance(fold.rhs, Call) and fold.rhs.op == "Conv"
+    assert "k" not in str(fold.rhs).split()          # the let is substituted
+    assert any(isinstance(c, Eq) for c in fold.conditions)
+    assert rules["test-mat-of-mat"].kind == "rewrite"
+    assert rules["test-mat-of-mat"].file == str(path) and rules["test-mat-of-mat"].line == 1
+    assert rules["test-fusable-softmax"].kind == "fact"
+    assert rules["test-fusable-softmax"].rhs is None
+    assert rules["test-fuse-exp"].lhs == Call("Exp", (Call("Mat", (Var("x"),)),))
+    binding = match(rules["test-mat-of-mat"].lhs, Call("Mat", (Call("Mat", (Call("Input", (
+        Lit("x"),)),)),)))
+    assert binding == {"x": Call("Input", (Lit("x"),))}
+    assert substitute(rules["test-mat-of-mat"].rhs, binding) == Call("Mat", (Call(
+        "Input", (Lit("x"),)),))
+    assert fold_constants(Call("vec-of", (Lit(1), Lit(2)))) == Lit((1, 2))
+    assert str(Call("Add", (Var("a"), Lit(1.5)))) == "(Add a 1.5)"
+
+
+def test_check_rules_is_exported():
+    assert ef.check_rules is check_rules
+    with pytest.raises(ef.EqsatFuseError):
+        check_rules(examples=0)
+    np.testing.assert_equal(len(ef.check_rules([WRONG / "fuse_sub_swapped.egg"],
+                                               examples=5).unsound), 1)
