@@ -129,8 +129,11 @@ def cmd_optimize(args) -> int:
 
 
 def _explain(report) -> str:
-    lines = ["\nrules that matched:"]
+    lines = ["\nrules that matched (e-graph):"]
     for rule, count in sorted(report.matches_per_rule.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {count:6d}  {rule}")
+    lines.append("\nrules that shaped the extracted program (places in their output form):")
+    for rule, count in sorted(report.rules_in_program.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {count:6d}  {rule}")
     lines.append("\nkernels (predicted cost):")
     for k in report.kernels:

@@ -33,6 +33,9 @@ class Encoding:
     output_vars: dict[str, str]              # graph output -> egglog variable
     opaque_nodes: dict[int, Node] = field(default_factory=dict)
     lets: int = 0
+    # the model's own terms: inner variable -> (op, variables of its tensor arguments); lets the
+    # explanation tell a node the encoder wrote from one a rule added
+    originals: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
 
 
 @cache
@@ -91,6 +94,7 @@ def encode(graph: Graph) -> Encoding:
     value_vars: dict[str, str] = {}
     leaf_keys: dict[str, str] = {}
     opaque_nodes: dict[int, Node] = {}
+    originals: dict[str, tuple[str, tuple[str, ...]]] = {}
     counter = 0
 
     def new_var(prefix: str) -> str:
@@ -148,6 +152,7 @@ def encode(graph: Graph) -> Encoding:
             term = f"({node.op} {' '.join(tensors + rendered)})"
             inner, outer = new_var("i"), new_var("v")
             lines.append(f"(let {inner} {term})")
+            originals[inner] = (node.op, tuple(value_vars[v] if v else "" for v in node.inputs))
             lines.append(f"(let {outer} (Mat {inner}))")
             info = graph.values[output]
             lines.extend(_facts(inner, info))
@@ -158,4 +163,4 @@ def encode(graph: Graph) -> Encoding:
 
     return Encoding(program="\n".join(lines) + "\n", leaf_keys=leaf_keys, value_vars=value_vars,
                     output_vars={o: value_vars[o] for o in graph.outputs},
-                    opaque_nodes=opaque_nodes, lets=counter)
+                    opaque_nodes=opaque_nodes, lets=counter, originals=originals)

@@ -16,6 +16,7 @@ import onnx
 from .costmodel import load_cost_model
 from .decode import decode
 from .encode import encode
+from .explain import shaping_rules
 from .extract import extract, roots_of
 from .importer import import_model
 from .ir import KernelPlan
@@ -94,6 +95,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     fill_missing_facts(serialized)
     extraction = extract(serialized, roots_of(serialized, encoding.output_vars), cost_model,
                          extractor)
+    shaped_by = shaping_rules(serialized, extraction.choice, extraction.constant, encoding,
+                              saturation.rule_files)
     stage("decode")
     plan = decode(serialized, extraction, encoding, graph)
     stage("lower")
@@ -118,6 +121,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         cost=extraction.cost, peak_bytes=program.memory.arena_bytes,
         lower_bound_bytes=program.memory.lower_bound_bytes,
         separate_bytes=program.memory.separate_bytes, timings=timings,
-        source_opset=graph.source_opset, opaque_ops=graph.opaque_ops, kernels=kernel_reports)
+        source_opset=graph.source_opset, opaque_ops=graph.opaque_ops, kernels=kernel_reports,
+        rules_in_program=shaped_by)
     return Compiled(program, report, _source_proto(model))
 

@@ -47,6 +47,7 @@ class Report:
     source_opset: int
     opaque_ops: list[str] = field(default_factory=list)
     kernels: list[KernelReport] = field(default_factory=list)
+    rules_in_program: dict[str, int] = field(default_factory=dict)   # see explain.shaping_rules
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -53,6 +53,8 @@ def test_optimize_explain_lists_rules_and_kernel_costs(capsys):
     assert main(["optimize", RESNET, "--explain", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "conv2d-nobias-bn-fold" in out and "Conv+Relu" in out and " us " in out
+    shaped = out.split("rules that shaped the extracted program")[1].split("kernels (")[0]
+    assert "conv2d-nobias-bn-fold" in shaped and "fuse-relu" in shaped
 
 
 def feeds_file(tmp_path):
