@@ -53,7 +53,8 @@ class Compiled:
         """Compare with the original model run by onnxruntime (or onnx.reference)."""
         feeds = random_feeds(self.plan.inputs, seed) if feeds is None else feeds
         expected, oracle = oracle_outputs(self._source, feeds, against)
-        return compare(self.run(feeds), expected, oracle)
+        return compare(self.run(feeds), expected, oracle,
+                       storage_dtype=getattr(self.program, "storage_dtype", "float32"))
 
 
 def _source_proto(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
@@ -66,11 +67,14 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             extractor: str = "greedy-dag", rules: list[str | Path] | None = None,
             input_shapes: dict[str, tuple[int, ...]] | None = None,
             budgets: Budgets | None = None,
+            storage_dtype: str | None = None, cache_dir: str | Path | None = None,
             progress: Callable[[str], None] | None = None) -> Compiled:
     """Compile an ONNX model (path or ModelProto) into a fused program for `target`.
 
     `rules` adds rule files to the shipped ones; `input_shapes` fixes dynamic input dims;
-    `progress`, if given, is called with each stage's name as it starts.
+    `progress`, if given, is called with each stage's name as it starts. `storage_dtype`
+    overrides the target's activation storage ("float16" halves bytes moved); `cache_dir` is
+    where the Numba backend keeps compiled kernels.
     """
     timings: dict[str, float] = {}
     current: list = [None, time.perf_counter()]
@@ -100,7 +104,10 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     stage("decode")
     plan = decode(serialized, extraction, encoding, graph)
     stage("lower")
-    program = lower(plan, backend, graph.opset)
+    if storage_dtype is None:
+        storage_dtype = getattr(cost_model, "storage_dtype", "float32")
+    program = lower(plan, backend, graph.opset, storage_dtype=storage_dtype, cache_dir=cache_dir)
+    plan = program.plan          # lowering may drop kernels whose buffer a reader recomputes
     stage("done")
 
     kernel_reports = []
@@ -122,6 +129,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         lower_bound_bytes=program.memory.lower_bound_bytes,
         separate_bytes=program.memory.separate_bytes, timings=timings,
         source_opset=graph.source_opset, opaque_ops=graph.opaque_ops, kernels=kernel_reports,
-        rules_in_program=shaped_by)
+        rules_in_program=shaped_by,
+        backend_report=program.report.as_dict() if program.report else {})
     return Compiled(program, report, _source_proto(model))
 

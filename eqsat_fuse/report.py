@@ -48,6 +48,7 @@ class Report:
     opaque_ops: list[str] = field(default_factory=list)
     kernels: list[KernelReport] = field(default_factory=list)
     rules_in_program: dict[str, int] = field(default_factory=dict)   # see explain.shaping_rules
+    backend_report: dict[str, Any] = field(default_factory=dict)   # lower.BackendReport
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +71,15 @@ class Report:
             f"{self.lower_bound_bytes / 1024:.1f} KiB, separate {self.separate_bytes / 1024:.1f} KiB)",
             "time          " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()),
         ]
+        b = self.backend_report
+        if b.get("backend") == "numba":
+            lines.append(f"numba         {b['compiled_kernels']}/{b['kernels']} kernels compiled "
+                         f"({b['sources']} sources; JIT {b['jit_seconds']:.2f}s: "
+                         f"{b['jit_compiled']} compiled, {b['jit_loaded']} from cache), "
+                         f"{len(b['fallback_kernels'])} fell back to NumPy, "
+                         f"{b['copy_kernels']} copies, {b['threads']} thread(s)")
+        if b.get("storage_dtype", "float32") != "float32":
+            lines.append(f"storage       intermediates in {b['storage_dtype']}, computed in float32")
         if self.opaque_ops:
             lines.append(f"opaque        {', '.join(self.opaque_ops)} (run by onnx.reference)")
         groups: dict[str, int] = {}

@@ -1,0 +1,56 @@
+"""Fused elementwise chains of growing length: GB/s of the eqsat-fuse Numba kernel against a
+memory copy of the same bytes (the bandwidth limit) and against onnxruntime, same run.
+
+    .venv/bin/python bench/chains.py [--threads N] [--elements N]
+
+Bytes per run = input read once + output written once (what a fused kernel must move).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import set_threads  # noqa: E402
+
+THREADS = set_threads(sys.argv)
+
+import numpy as np  # noqa: E402
+
+import eqsat_fuse as ef  # noqa: E402
+from _common import elementwise_model, median_seconds, ort_session  # noqa: E402
+
+
+def main(argv: list[str]) -> None:
+    n = 1 << 24
+    if "--elements" in argv:
+        n = int(argv[argv.index("--elements") + 1])
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32).reshape(n // 64, 64)
+    dst = np.empty_like(x)
+    nbytes = 2 * x.nbytes
+    print(f"threads: {THREADS}; {n} float32 elements ({x.nbytes / 2**20:.0f} MiB in, "
+          f"{x.nbytes / 2**20:.0f} MiB out); medians")
+    head = (f"{'ops':>3s} {'chain':44s} {'copy GB/s':>9s} {'fused GB/s':>10s} {'% copy':>7s} "
+            f"{'ORT GB/s':>8s} {'x ORT':>6s} {'kernels':>7s}")
+    print(head)
+    print("-" * len(head))
+    for length in (1, 2, 3, 4, 6, 8, 10):
+        model = elementwise_model(n, length)
+        ops = "+".join(node.op_type for node in model.graph.node)
+        program = ef.compile(model, backend="numba")
+        feeds = {"x": x}
+        assert program.verify(feeds).ok
+        session = ort_session(model, THREADS, True)
+        copy = median_seconds(lambda: np.copyto(dst, x), repeat=15)
+        fused = median_seconds(lambda: program.run(feeds), repeat=15)
+        ort = median_seconds(lambda: session.run(None, feeds), repeat=15)
+        gb = lambda s: nbytes / s / 1e9  # noqa: E731
+        print(f"{length:3d} {ops[:44]:44s} {gb(copy):9.1f} {gb(fused):10.1f} "
+              f"{100 * copy / fused:6.0f}% {gb(ort):8.1f} {ort / fused:6.2f} "
+              f"{program.report.kernels_out:7d}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,75 @@
+"""Latency per model: onnxruntime (all optimizations / none) against eqsat-fuse (Numba fused,
+Numba with no rule run, NumPy fused). Medians, ratios to ORT_ENABLE_ALL in the same run,
+geometric means per family.
+
+    .venv/bin/python bench/models.py [--threads N] [MODEL ...]
+
+MODEL is an .onnx file or a builtin of bench/_common.py (encoder-base, cnn-resnet56,
+elementwise-4M). Default: every test model and the builtins.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import set_threads  # noqa: E402
+
+THREADS = set_threads(sys.argv)
+
+import eqsat_fuse as ef  # noqa: E402
+from _common import BUILTIN, family_of, geomean, load_model, median_seconds, ort_session  # noqa
+from eqsat_fuse.verify import random_feeds  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(names: list[str]) -> None:
+    if not names:
+        names = sorted(glob.glob(os.path.join(ROOT, "tests/models/*.onnx"))) + list(BUILTIN)
+    print(f"threads: {THREADS} (OMP/OpenBLAS/Numba/ORT intra-op); medians; "
+          "ratio = time / ORT_ENABLE_ALL (lower is better)")
+    head = (f"{'model':28s} {'family':11s} {'ORT all':>9s} {'ORT none':>9s} {'numba':>9s} "
+            f"{'numba-nofuse':>12s} {'numpy':>9s} | {'x ORT':>6s} {'nofuse/fused':>12s} "
+            f"{'numpy x ORT':>11s}")
+    print(head)
+    print("-" * len(head))
+    ratios: dict[str, list[float]] = {}
+    fusion: dict[str, list[float]] = {}
+    for name in names:
+        model = load_model(name)
+        label = os.path.basename(name).removesuffix(".onnx")
+        family = family_of(label)
+        fused = ef.compile(model, backend="numba")
+        unfused = ef.compile(model, backend="numba", budgets=ef.Budgets(iterations=0))
+        numpy_fused = ef.compile(model, backend="numpy")
+        feeds = random_feeds(fused.plan.inputs, 0)
+        assert fused.verify(feeds).ok, f"{label}: numba output mismatch"
+        ort_all = ort_session(model, THREADS, True)
+        ort_none = ort_session(model, THREADS, False)
+        t = {
+            "ort_all": median_seconds(lambda: ort_all.run(None, feeds)),
+            "ort_none": median_seconds(lambda: ort_none.run(None, feeds)),
+            "numba": median_seconds(lambda: fused.run(feeds)),
+            "nofuse": median_seconds(lambda: unfused.run(feeds)),
+            "numpy": median_seconds(lambda: numpy_fused.run(feeds), repeat=10),
+        }
+        r = t["numba"] / t["ort_all"]
+        ratios.setdefault(family, []).append(r)
+        fusion.setdefault(family, []).append(t["nofuse"] / t["numba"])
+        ms = {k: v * 1e3 for k, v in t.items()}
+        print(f"{label:28s} {family:11s} {ms['ort_all']:8.3f}m {ms['ort_none']:8.3f}m "
+              f"{ms['numba']:8.3f}m {ms['nofuse']:11.3f}m {ms['numpy']:8.3f}m | {r:6.2f} "
+              f"{t['nofuse'] / t['numba']:12.2f} {t['numpy'] / t['ort_all']:11.2f}")
+        sys.stdout.flush()
+    print()
+    print("geometric means per family (numba fused / ORT_ENABLE_ALL; numba no-rules / fused):")
+    for family in sorted(ratios):
+        print(f"  {family:12s} x ORT {geomean(ratios[family]):5.2f}   fusion speed-up "
+              f"{geomean(fusion[family]):5.2f}   ({len(ratios[family])} models)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
