@@ -8,6 +8,7 @@ come from here.
 
 from __future__ import annotations
 
+import functools
 import math
 import tomllib
 from dataclasses import dataclass
@@ -20,8 +21,9 @@ from .errors import CostModelError
 from .ops import OPS
 from .resources import cost_model_file, targets
 
-# Every key a cost file has, by table: key -> (type, required, description). docs/cost-models.md
-# documents the same keys.
+# Every key a cost file has, by table: key -> (type, required, description). A table listed in
+# OPTIONAL_TABLES may be left out; when it is present, its required keys are required.
+# docs/cost-models.md documents the same keys, with their units.
 SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
     "target": {
         "name": (str, True, "the target's name"),
@@ -29,15 +31,31 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
     },
     "kernel": {
         "launch_us": (float, True, "fixed cost of starting one kernel, microseconds"),
+        "op_us": (float, False, "fixed cost of each operation inside a kernel body, microseconds "
+                                "(default 0)"),
     },
     "memory": {
         "bandwidth_gbs": (float, True, "main-memory bandwidth, GB/s, for reads and writes"),
+        "onchip_bytes": (float, False, "on-chip memory (SRAM, cache) a kernel's working set may "
+                                       "fit in, bytes"),
+        "onchip_bandwidth_gbs": (float, False, "bandwidth of a kernel whose working set fits "
+                                               "on chip, GB/s"),
+        "storage_dtype": (str, False, "dtype activations are stored in (float32, float16, "
+                                      "bfloat16); weights keep their own"),
     },
     "compute": {
         "elementwise_gflops": (float, True, "arithmetic rate of elementwise loops, GFLOP/s"),
         "matmul_gflops": (float, True, "MatMul and Gemm rate, GFLOP/s"),
         "conv_gflops": (float, True, "convolution rate, GFLOP/s"),
         "reduction_gflops": (float, True, "rate of row/window kernels (softmax, norms, pools)"),
+        "elementwise_op_us": (float, False, "fixed cost of one elementwise (or data movement, "
+                                            "view) operation, microseconds (default op_us)"),
+        "matmul_op_us": (float, False, "fixed cost of one MatMul/Gemm (default op_us)"),
+        "conv_op_us": (float, False, "fixed cost of one convolution (default op_us)"),
+        "reduction_op_us": (float, False, "fixed cost of one row/window operation "
+                                          "(default op_us)"),
+        "conv_group_us": (float, False, "extra cost of each group of a grouped convolution "
+                                        "beyond the first, microseconds (default 0)"),
     },
     "flops_per_element": {
         "default": (float, True, "FLOPs per output element of an elementwise op not listed"),
@@ -46,24 +64,80 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
         "elementwise": (bool, True, "whether elementwise ops may fuse with each other"),
         "max_anchors": (int, True, "contractions/reductions one kernel body may hold"),
         "prologue": (list, True, "reductions that may read inline elementwise inputs"),
+        "epilogue": (list, False, "elementwise ops that may follow a contraction or reduction "
+                                  "inside its kernel (default: all)"),
+        "epilogue_anchors": (list, False, "contractions/reductions that may carry an epilogue "
+                                          "(default: all)"),
+    },
+    "energy": {
+        "launch_nj": (float, True, "energy of starting one kernel, nanojoules"),
+        "dram_pj_per_byte": (float, True, "energy of moving one byte to/from main memory, pJ"),
+        "onchip_pj_per_byte": (float, False, "energy of moving one byte on chip, pJ "
+                                             "(required with memory.onchip_bytes)"),
+        "pj_per_flop": (float, True, "energy of one floating-point operation, pJ"),
+        "static_w": (float, True, "power drawn while a kernel runs, watts (charged per "
+                                  "microsecond of predicted latency)"),
     },
 }
+OPTIONAL_TABLES = frozenset({"energy"})
+OBJECTIVES = ("latency", "energy")
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+RATE_CLASSES = ("elementwise", "matmul", "conv", "reduction")
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What each resource costs under one objective: microseconds (latency) or microjoules
+    (energy). Both objectives charge the same things, so one kernel formula serves both:
+
+        kernel = launch + bytes_cost(read + write) + sum over body ops of (op + flops * flop)
+    """
+
+    objective: str
+    launch: float                    # per kernel
+    op: dict[str, float]             # per operation in a kernel body, by rate class
+    byte: float                      # per byte moved to or from main memory
+    onchip_byte: float               # per byte, when the kernel's working set fits on chip
+    onchip_bytes: float              # math.inf: no on-chip limit (every kernel pays `byte`)
+    flop: dict[str, float]           # per FLOP, by rate class (elementwise, matmul, conv, reduction)
+    group: float = 0.0               # per group of a grouped convolution, beyond the first
+
+    def bytes_cost(self, nbytes: float) -> float:
+        """Price of a kernel that reads and writes `nbytes` in all."""
+        if nbytes <= self.onchip_bytes:
+            return nbytes * self.onchip_byte
+        return nbytes * self.byte
+
+    def work(self, flops: float, op: str, groups: int = 1) -> float:
+        """Price of one operation of `flops` FLOPs inside a kernel body (without the tie-break)."""
+        rate_class = _rate_class(op)
+        return self.op[rate_class] + flops * self.flop[rate_class] + (groups - 1) * self.group
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """A target's prices, in microseconds, FLOPs and bytes."""
+    """A target's prices, in microseconds, FLOPs and bytes (and nanojoules, if it says)."""
 
     target: str
     description: str
     launch_us: float
     bandwidth_gbs: float
     rates_gflops: dict[str, float]          # by op kind / class: elementwise, matmul, conv, reduction
+    # (op_us_by_class below: the fixed cost of one operation of each class)
     flops_per_element: dict[str, float]
     elementwise_fusion: bool
     max_anchors: int
     prologue: frozenset[str]
     path: str = ""
+    op_us: float = 0.0
+    onchip_bytes: float | None = None        # None: no on-chip memory modelled
+    onchip_bandwidth_gbs: float | None = None
+    storage_dtype: str = "float32"
+    epilogue: frozenset[str] | None = None   # None: every elementwise op
+    epilogue_anchors: frozenset[str] | None = None   # None: every contraction and reduction
+    energy: dict[str, float] | None = None   # the [energy] table, if the file has one
+    op_us_by_class: dict[str, float] | None = None   # None: op_us for every class
+    conv_group_us: float = 0.0
 
     # ---- prices ----
     def bytes_us(self, nbytes: float) -> float:
@@ -75,6 +149,48 @@ class CostModel:
 
     def element_flops(self, op: str) -> float:
         return self.flops_per_element.get(op, self.flops_per_element["default"])
+
+    def tensor_bytes(self, shape: tuple[int, ...] | None, dtype: str | None,
+                     activation: bool = True) -> float:
+        """Bytes of a tensor as this target stores it: activations in `storage_dtype` when that
+        is narrower than their float dtype; weights (activation=False) as they are."""
+        size = nbytes(shape, dtype)
+        if not activation or self.storage_dtype == "float32" or size == 0:
+            return size
+        kind, itemsize = _dtype_info(dtype) if dtype else ("f", 4)
+        narrow = 2                                       # float16 and bfloat16
+        if kind == "f" and itemsize > narrow:
+            return size * narrow / itemsize
+        return size
+
+    def has_energy(self) -> bool:
+        return self.energy is not None
+
+    def prices(self, objective: str = "latency") -> Prices:
+        """The prices extraction minimizes under `objective` ("latency" or "energy")."""
+        if objective not in OBJECTIVES:
+            raise CostModelError(f"unknown objective {objective!r}; choose one of "
+                                 f"{', '.join(OBJECTIVES)}")
+        onchip = math.inf if self.onchip_bytes is None else self.onchip_bytes
+        onchip_bw = self.onchip_bandwidth_gbs or self.bandwidth_gbs
+        op_us = {k: (self.op_us_by_class or {}).get(k, self.op_us) for k in RATE_CLASSES}
+        latency = Prices("latency", self.launch_us, op_us, 1 / (self.bandwidth_gbs * 1e3),
+                         1 / (onchip_bw * 1e3), onchip,
+                         {k: 1 / (self.rates_gflops[k] * 1e3) for k in RATE_CLASSES},
+                         self.conv_group_us)
+        if objective == "latency":
+            return latency
+        if self.energy is None:
+            raise CostModelError(f"{self.path or self.target}: the objective 'energy' needs an "
+                                 f"[energy] table in the cost file")
+        e, watts = self.energy, self.energy["static_w"]     # W * us = uJ
+        onchip_pj = e.get("onchip_pj_per_byte", e["dram_pj_per_byte"])
+        return Prices("energy", e["launch_nj"] * 1e-3 + watts * latency.launch,
+                      {k: watts * v for k, v in latency.op.items()},
+                      e["dram_pj_per_byte"] * 1e-6 + watts * latency.byte,
+                      onchip_pj * 1e-6 + watts * latency.onchip_byte, onchip,
+                      {k: e["pj_per_flop"] * 1e-6 + watts * v for k, v in latency.flop.items()},
+                      watts * latency.group)
 
 
 def _rate_class(op: str) -> str:
@@ -127,6 +243,8 @@ def load_cost_model(target: str | Path) -> CostModel:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise CostModelError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise CostModelError(f"{path}: not a text file (a cost model is UTF-8 TOML)") from None
     return _validate(data, str(path))
 
 
@@ -139,6 +257,8 @@ def _validate(data: dict[str, Any], where: str) -> CostModel:
     for table, keys in SCHEMA.items():
         section = data.get(table)
         if section is None:
+            if table in OPTIONAL_TABLES:
+                continue
             raise CostModelError(f"{where}: missing table [{table}]")
         if not isinstance(section, dict):
             raise CostModelError(f"{where}: [{table}] must be a table")
@@ -157,21 +277,65 @@ def _validate(data: dict[str, Any], where: str) -> CostModel:
                 if key != "default" and key not in OPS:
                     raise CostModelError(f"{where}: flops_per_element.{key} names no operator")
                 values[table][key] = _check_value(value, float, f"{table}.{key}", where)
-    for op in values["fusion"]["prologue"]:
-        if op not in OPS or OPS[op].kind != "reduction":
-            raise CostModelError(f"{where}: fusion.prologue lists {op!r}, which is not a reduction")
-    rates = {k.removesuffix("_gflops"): v for k, v in values["compute"].items()}
-    for key, rate in [("memory.bandwidth_gbs", values["memory"]["bandwidth_gbs"]),
-                      *[(f"compute.{k}_gflops", v) for k, v in rates.items()]]:
+    fusion, memory, energy = values["fusion"], values["memory"], values.get("energy")
+    _check_ops(fusion["prologue"], ("reduction",), "fusion.prologue", "a reduction", where)
+    if "epilogue" in fusion:
+        _check_ops(fusion["epilogue"], ("elementwise",), "fusion.epilogue", "elementwise", where)
+    if "epilogue_anchors" in fusion:
+        _check_ops(fusion["epilogue_anchors"], ("anchor", "reduction"), "fusion.epilogue_anchors",
+                   "a contraction or reduction", where)
+    compute = values["compute"]
+    rates = {k.removesuffix("_gflops"): v for k, v in compute.items() if k.endswith("_gflops")}
+    op_us_by_class = {k.removesuffix("_op_us"): v for k, v in compute.items()
+                      if k.endswith("_op_us")}
+    positive = [("memory.bandwidth_gbs", memory["bandwidth_gbs"]),
+                *[(f"compute.{k}_gflops", v) for k, v in rates.items()]]
+    if "onchip_bandwidth_gbs" in memory:
+        positive.append(("memory.onchip_bandwidth_gbs", memory["onchip_bandwidth_gbs"]))
+    for key, rate in positive:
         if rate == 0:
             raise CostModelError(f"{where}: {key} must be greater than zero")
+    if ("onchip_bytes" in memory) != ("onchip_bandwidth_gbs" in memory):
+        given, needed = (("onchip_bytes", "onchip_bandwidth_gbs") if "onchip_bytes" in memory
+                         else ("onchip_bandwidth_gbs", "onchip_bytes"))
+        raise CostModelError(f"{where}: memory.{given} needs memory.{needed}: missing key "
+                             f"memory.{needed}")
+    if memory.get("onchip_bandwidth_gbs", math.inf) < memory["bandwidth_gbs"]:
+        raise CostModelError(f"{where}: memory.onchip_bandwidth_gbs must be at least "
+                             f"memory.bandwidth_gbs (on chip is not slower than main memory)")
+    if memory.get("storage_dtype", "float32") not in STORAGE_DTYPES:
+        raise CostModelError(f"{where}: memory.storage_dtype must be one of "
+                             f"{', '.join(STORAGE_DTYPES)}, not {memory['storage_dtype']!r}")
+    if energy is not None and "onchip_bytes" in memory:
+        if "onchip_pj_per_byte" not in energy:
+            raise CostModelError(f"{where}: missing key energy.onchip_pj_per_byte (the target "
+                                 f"has memory.onchip_bytes)")
+        if energy["onchip_pj_per_byte"] > energy["dram_pj_per_byte"]:
+            raise CostModelError(f"{where}: energy.onchip_pj_per_byte must not exceed "
+                                 f"energy.dram_pj_per_byte")
+
+    def optional_set(key: str) -> frozenset[str] | None:
+        return frozenset(fusion[key]) if key in fusion else None
+
     return CostModel(
         target=values["target"]["name"], description=values["target"].get("description", ""),
-        launch_us=values["kernel"]["launch_us"], bandwidth_gbs=values["memory"]["bandwidth_gbs"],
+        launch_us=values["kernel"]["launch_us"], bandwidth_gbs=memory["bandwidth_gbs"],
         rates_gflops=rates, flops_per_element=dict(values["flops_per_element"]),
-        elementwise_fusion=values["fusion"]["elementwise"],
-        max_anchors=values["fusion"]["max_anchors"],
-        prologue=frozenset(values["fusion"]["prologue"]), path=where)
+        elementwise_fusion=fusion["elementwise"], max_anchors=fusion["max_anchors"],
+        prologue=frozenset(fusion["prologue"]), path=where,
+        op_us=values["kernel"].get("op_us", 0.0),
+        onchip_bytes=memory.get("onchip_bytes"),
+        onchip_bandwidth_gbs=memory.get("onchip_bandwidth_gbs"),
+        storage_dtype=memory.get("storage_dtype", "float32"),
+        epilogue=optional_set("epilogue"), epilogue_anchors=optional_set("epilogue_anchors"),
+        energy=energy, op_us_by_class=op_us_by_class or None,
+        conv_group_us=compute.get("conv_group_us", 0.0))
+
+
+def _check_ops(ops: list[str], kinds: tuple[str, ...], key: str, what: str, where: str) -> None:
+    for op in ops:
+        if op not in OPS or OPS[op].kind not in kinds:
+            raise CostModelError(f"{where}: {key} lists {op!r}, which is not {what}")
 
 
 def _check_value(value: Any, kind: type, key: str, where: str) -> Any:
@@ -205,4 +369,11 @@ def nbytes(shape: tuple[int, ...] | None, dtype: str | None) -> float:
     """Bytes of a tensor; 0 for an unknown one (a TList or an absent input)."""
     if shape is None:
         return 0.0
-    return float(math.prod(shape)) * (np.dtype(dtype).itemsize if dtype else 4)
+    return float(math.prod(shape)) * (_dtype_info(dtype)[1] if dtype else 4)
+
+
+@functools.cache
+def _dtype_info(dtype: str) -> tuple[str, int]:
+    """(kind, itemsize) of a NumPy dtype name."""
+    info = np.dtype(dtype)
+    return info.kind, info.itemsize

@@ -62,8 +62,88 @@ def _primitive(op: str, sort: str, children: list[str], raw: dict) -> Any:
 
 
 def read_egraph(egraph: bindings.EGraph) -> SerializedEGraph:
-    """Export the e-graph and read it into `SerializedEGraph`."""
+    """Read the e-graph into `SerializedEGraph`: from its frozen tables (`freeze()`, fast) when
+    it is a live egglog e-graph, else from its JSON export (an e-graph received as one)."""
+    if hasattr(egraph, "freeze"):
+        return read_frozen(egraph)
     return parse_export(json.loads(egraph.serialize([]).to_json()))
+
+
+def read_frozen(egraph: bindings.EGraph) -> SerializedEGraph:
+    """Read a live e-graph through `freeze()`: its function tables, with e-class values canonical.
+
+    The same data as `parse_export` reads from the JSON export, about ten times faster on large
+    e-graphs (the export and its parse dominate otherwise).
+    """
+    constructors = constructor_sorts()
+    functions = egraph.freeze().functions
+    class_index: dict[tuple[str, Any], int] = {}
+    class_sort: list[str] = []
+    class_ids: list[str] = []
+
+    def term_class(value, sort: str) -> int:
+        key = (sort, value)
+        index = class_index.get(key)
+        if index is None:
+            index = class_index[key] = len(class_ids)
+            class_sort.append(sort)
+            class_ids.append(f"{sort}-{str(value).removeprefix('Value(').rstrip(')')}")
+        return index
+
+    readers = {"i64": egraph.value_to_i64, "f64": egraph.value_to_f64,
+               "String": egraph.value_to_string, "bool": egraph.value_to_bool}
+
+    def primitive(value, sort: str):
+        if sort == "IVec":
+            return tuple(egraph.value_to_i64(item) for item in egraph.value_to_vec(value))
+        if sort in readers:
+            return readers[sort](value)
+        raise ValueError(f"cannot read a primitive of sort {sort}")
+
+    nodes: list[ENode] = []
+    for name, function in functions.items():
+        if name not in constructors or function.output_sort not in TERM_SORTS:
+            continue
+        sorts = function.input_sorts
+        terms = [i for i, sort in enumerate(sorts) if sort in TERM_SORTS]
+        values = [i for i, sort in enumerate(sorts) if sort not in TERM_SORTS]
+        for row in function.rows:
+            inputs = row.inputs
+            nodes.append(ENode(
+                op=name, eclass=term_class(row.output, function.output_sort),
+                children=tuple(term_class(inputs[i], sorts[i]) for i in terms),
+                attrs=tuple(primitive(inputs[i], sorts[i]) for i in values)))
+    class_nodes: list[list[int]] = [[] for _ in class_ids]
+    for index, node in enumerate(nodes):
+        class_nodes[node.eclass].append(index)
+
+    lets: dict[str, int] = {}
+    shapes: dict[int, tuple[int, ...]] = {}
+    dtypes: dict[int, str] = {}
+    relations: dict[str, set[int]] = {}
+    for name, function in functions.items():
+        sorts = function.input_sorts
+        if function.is_let_binding:
+            if function.output_sort in TERM_SORTS and function.rows:
+                key = (function.output_sort, function.rows[0].output)
+                if key in class_index:
+                    lets[name] = class_index[key]
+            continue
+        if len(sorts) != 1 or sorts[0] not in TERM_SORTS:
+            continue
+        for row in function.rows:
+            c = class_index.get((sorts[0], row.inputs[0]))
+            if c is None:
+                continue
+            if name == "shape":
+                shapes[c] = primitive(row.output, function.output_sort)
+            elif name == "dtype":
+                dtypes[c] = primitive(row.output, function.output_sort)
+            elif function.output_sort.startswith("@"):
+                relations.setdefault(name, set()).add(c)
+    return SerializedEGraph(nodes=nodes, class_nodes=class_nodes, class_sort=class_sort,
+                            class_ids=class_ids, shapes=shapes, dtypes=dtypes, lets=lets,
+                            relations=relations)
 
 
 def parse_export(data: dict) -> SerializedEGraph:
@@ -169,6 +249,22 @@ def _node_facts(eg: SerializedEGraph, node: ENode, ops) -> tuple:
             except ValueError:
                 return None, dtype
         return None, dtype
+    if op in ("MatMul", "Gemm") and len(children) >= 2:
+        return _contraction_shape(eg, node, children), eg.dtypes.get(children[0])
+    if op == "Concat" and children:
+        items = _list_items(eg, children[0])
+        shapes = [eg.shapes.get(i) for i in items]
+        if not items or any(s is None for s in shapes):
+            return None, eg.dtypes.get(items[0]) if items else None
+        axis = node.attrs[0] % len(shapes[0])
+        shape = list(shapes[0])
+        shape[axis] = sum(s[axis] for s in shapes)
+        return tuple(shape), eg.dtypes.get(items[0])
+    if op == "Split" and children and children[0] in eg.shapes:
+        sizes, axis, index = node.attrs
+        shape = list(eg.shapes[children[0]])
+        shape[axis % len(shape)] = sizes[index]
+        return tuple(shape), eg.dtypes.get(children[0])
     if op in ("Reshape", "Expand") and children:
         return tuple(node.attrs[0]), eg.dtypes.get(children[0])
     if op == "Transpose" and children and children[0] in eg.shapes:
@@ -180,6 +276,36 @@ def _node_facts(eg: SerializedEGraph, node: ENode, ops) -> tuple:
             shape.insert(axis, 1)
         return tuple(shape), eg.dtypes.get(children[0])
     return None, None
+
+
+def _contraction_shape(eg: SerializedEGraph, node: ENode, children: list[int]):
+    a, b = eg.shapes.get(children[0]), eg.shapes.get(children[1])
+    if a is None or b is None:
+        return None
+    if node.op == "Gemm":
+        trans_a, trans_b = node.attrs[2], node.attrs[3]
+        return (a[1] if trans_a else a[0], b[0] if trans_b else b[1])
+    if len(a) < 2 or len(b) < 2:
+        return None
+    import numpy as np
+    try:
+        batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+    except ValueError:
+        return None
+    return tuple(batch) + (a[-2], b[-1])
+
+
+def _list_items(eg: SerializedEGraph, c: int) -> list[int]:
+    """The tensor classes of an operand list (the first TCons chain found)."""
+    items, seen = [], set()
+    while c not in seen:
+        seen.add(c)
+        cons = next((eg.nodes[n] for n in eg.class_nodes[c] if eg.nodes[n].op == "TCons"), None)
+        if cons is None:
+            break
+        items.append(cons.children[0])
+        c = cons.children[1]
+    return items
 
 
 def _is_absent(eg: SerializedEGraph, c: int) -> bool:

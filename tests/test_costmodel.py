@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import eqsat_fuse as ef
@@ -10,39 +12,127 @@ from eqsat_fuse.resources import cost_model_file, targets
 
 
 def test_every_shipped_target_loads():
-    assert "cpu" in targets()
+    assert {"cpu", "gpu", "edge-npu"} <= set(targets())
     for target in targets():
         model = load_cost_model(target)
         assert model.target == target
         assert model.bytes_us(1e9) > 0
+        for objective in ("latency", "energy"):
+            prices = model.prices(objective)
+            assert prices.launch > 0 and prices.byte > 0
 
 
-def edited(tmp_path, old, new):
-    text = cost_model_file("cpu").read_text()
-    assert old in text
+def edited(tmp_path, target, key, new):
+    """The shipped file of `target` with the line of `key` (in its table) replaced by `new`."""
+    text = cost_model_file(target).read_text()
+    table, _, name = key.rpartition(".")
+    start = text.index(f"[{table}]")
+    end = text.find("\n[", start + 1)
+    end = len(text) if end < 0 else end
+    section = text[start:end]
+    pattern = re.compile(rf"^{re.escape(name)}\s*=\s*(?:\[[^\]]*\]|[^\n]*)", re.M)
+    assert pattern.search(section), key
+    text = text[:start] + pattern.sub(lambda _: new, section, count=1) + text[end:]
     path = tmp_path / "edited.toml"
-    path.write_text(text.replace(old, new))
+    path.write_text(text)
     return path
 
 
-@pytest.mark.parametrize("old, new, message", [
-    ("bandwidth_gbs = 18.0", "", "missing key memory.bandwidth_gbs"),
-    ("launch_us = 4.0", "launch_us = 4.0\nlaunch_ms = 1", "unknown key kernel.launch_ms"),
-    ("launch_us = 4.0", "launch_us = -4.0", "kernel.launch_us must be a finite number >= 0"),
-    ("matmul_gflops = 80.0", "matmul_gflops = 0", "compute.matmul_gflops must be greater than zero"),
-    ("launch_us = 4.0", 'launch_us = "fast"', "kernel.launch_us must be a number"),
-    ("[fusion]", "[fusoin]", "unknown table \\[fusoin\\]"),
-    ("Tanh = 10.0", "Tanhh = 10.0", "flops_per_element.Tanhh names no operator"),
-    ('prologue = ["Softmax",', 'prologue = ["Relu",', "fusion.prologue lists 'Relu'"),
-    ("bandwidth_gbs = 18.0", "bandwidth_gbs = = 18", "not valid TOML"),
+@pytest.mark.parametrize("target, key, new, message", [
+    ("cpu", "memory.bandwidth_gbs", "", "missing key memory.bandwidth_gbs"),
+    ("cpu", "kernel.launch_us", "launch_us = 4.0\nlaunch_ms = 1", "unknown key kernel.launch_ms"),
+    ("cpu", "kernel.launch_us", "launch_us = -4.0",
+     "kernel.launch_us must be a finite number >= 0"),
+    ("cpu", "compute.matmul_gflops", "matmul_gflops = 0",
+     "compute.matmul_gflops must be greater than zero"),
+    ("cpu", "kernel.launch_us", 'launch_us = "fast"', "kernel.launch_us must be a number"),
+    ("cpu", "flops_per_element.Tanh", "Tanhh = 10.0",
+     "flops_per_element.Tanhh names no operator"),
+    ("cpu", "fusion.prologue", 'prologue = ["Relu"]', "fusion.prologue lists 'Relu'"),
+    ("cpu", "memory.bandwidth_gbs", "bandwidth_gbs = = 18", "not valid TOML"),
+    ("cpu", "energy.static_w", "", "missing key energy.static_w"),
+    ("cpu", "energy.pj_per_flop", "pj_per_flop = -1", "energy.pj_per_flop must be a finite"),
+    ("cpu", "energy.launch_nj", "launch_nj = 1\nlaunch_uj = 1", "unknown key energy.launch_uj"),
+    ("cpu", "compute.conv_op_us", "conv_op_us = -2", "compute.conv_op_us must be a finite"),
+    ("edge-npu", "memory.onchip_bandwidth_gbs", "",
+     "memory.onchip_bytes needs memory.onchip_bandwidth_gbs"),
+    ("edge-npu", "memory.onchip_bandwidth_gbs", "onchip_bandwidth_gbs = 1.0",
+     "onchip_bandwidth_gbs must be at least"),
+    ("edge-npu", "memory.storage_dtype", 'storage_dtype = "int4"',
+     "memory.storage_dtype must be one of"),
+    ("edge-npu", "energy.onchip_pj_per_byte", "", "missing key energy.onchip_pj_per_byte"),
+    ("edge-npu", "energy.onchip_pj_per_byte", "onchip_pj_per_byte = 400.0",
+     "onchip_pj_per_byte must not exceed"),
+    ("edge-npu", "fusion.epilogue", 'epilogue = ["Conv"]', "fusion.epilogue lists 'Conv'"),
+    ("edge-npu", "fusion.epilogue_anchors", 'epilogue_anchors = ["Relu"]',
+     "fusion.epilogue_anchors lists 'Relu'"),
+    ("edge-npu", "fusion.elementwise", "elementwise = 0", "fusion.elementwise must be true or false"),
+    ("cpu", "kernel.launch_us", "launch_us = nan", "kernel.launch_us must be a finite number"),
+    ("cpu", "memory.bandwidth_gbs", "bandwidth_gbs = inf", "must be a finite number"),
+    ("cpu", "kernel.launch_us", "launch_us = true", "must be a number, not True"),
+    ("cpu", "kernel.launch_us", "launch_us = [1, 2]", "must be a number"),
+    ("cpu", "compute.matmul_gflops", "matmul_gflops = -0.0", "greater than zero"),
 ])
-def test_bad_cost_file_names_file_and_key(tmp_path, old, new, message):
-    path = edited(tmp_path, old, new)
+def test_bad_cost_file_names_file_and_key(tmp_path, target, key, new, message):
+    path = edited(tmp_path, target, key, new)
     with pytest.raises(ef.CostModelError, match=message) as info:
         load_cost_model(path)
     assert str(path) in str(info.value)
 
 
+def test_unknown_table_is_named(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(cost_model_file("cpu").read_text().replace("[fusion]", "[fusoin]"))
+    with pytest.raises(ef.CostModelError, match="unknown table \\[fusoin\\]"):
+        load_cost_model(path)
+
+
+def test_energy_table_is_optional_but_the_energy_objective_needs_it(tmp_path):
+    text = cost_model_file("gpu").read_text()
+    path = tmp_path / "noenergy.toml"
+    path.write_text(text[:text.index("[energy]")])
+    model = load_cost_model(path)
+    assert not model.has_energy()
+    model.prices("latency")
+    with pytest.raises(ef.CostModelError, match="needs an \\[energy\\] table"):
+        model.prices("energy")
+
+
 def test_unknown_target_lists_the_shipped_ones():
     with pytest.raises(ef.CostModelError, match="unknown target 'tpu'.*cpu"):
         load_cost_model("tpu")
+
+
+def test_unknown_objective_is_refused():
+    with pytest.raises(ef.CostModelError, match="unknown objective 'speed'"):
+        load_cost_model("cpu").prices("speed")
+
+
+def test_prices_follow_the_file():
+    model = load_cost_model("edge-npu")
+    latency, energy = model.prices("latency"), model.prices("energy")
+    assert latency.launch == model.launch_us
+    assert latency.byte == pytest.approx(1 / (model.bandwidth_gbs * 1e3))
+    assert latency.onchip_byte == pytest.approx(1 / (model.onchip_bandwidth_gbs * 1e3))
+    flops = 1e6
+    assert latency.work(flops, "Conv") == pytest.approx(flops / (model.rates_gflops["conv"] * 1e3))
+    e = model.energy
+    assert energy.launch == pytest.approx(e["launch_nj"] * 1e-3 + e["static_w"] * model.launch_us)
+    assert energy.byte == pytest.approx(e["dram_pj_per_byte"] * 1e-6
+                                        + e["static_w"] * latency.byte)
+    # a working set that fits the SRAM pays its rates; one that does not pays DRAM's
+    fits, spills = model.onchip_bytes, model.onchip_bytes + 1
+    assert latency.bytes_cost(fits) == pytest.approx(fits * latency.onchip_byte)
+    assert latency.bytes_cost(spills) == pytest.approx(spills * latency.byte)
+
+
+def test_per_class_operation_costs_default_to_op_us(tmp_path):
+    model = load_cost_model("gpu")
+    assert all(v == model.op_us for v in model.prices("latency").op.values())
+    path = tmp_path / "ops.toml"
+    text = cost_model_file("gpu").read_text()
+    path.write_text(text.replace("[compute]", "[compute]\nconv_op_us = 7.0\nconv_group_us = 0.5"))
+    model = load_cost_model(path)
+    prices = model.prices("latency")
+    assert prices.op["conv"] == 7.0 and prices.op["matmul"] == model.op_us
+    assert prices.work(0.0, "Conv", groups=3) == pytest.approx(7.0 + 2 * 0.5)

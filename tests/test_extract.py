@@ -103,3 +103,33 @@ def test_unknown_extractor_is_refused(resnet):
     eg, roots, _ = resnet
     with pytest.raises(ef.EqsatFuseError, match="unknown extractor"):
         extract(eg, roots, load_cost_model("cpu"), "magic")
+
+
+def test_a_fused_elementwise_chain_is_illegal_on_edge_npu():
+    from onnx import helper as h
+
+    nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Sigmoid", ["r"], ["y"])]
+    model = make_model(nodes, [("x", [1, 8])], [("y", [1, 8])])
+    eg, roots = saturated(model)
+    result = extract(eg, roots, load_cost_model("cpu"))
+    assert [k.ops for k in result.kernels.values()] == [["Relu", "Sigmoid"]]
+    with pytest.raises(ExtractionError, match="illegal kernel body on target edge-npu"):
+        program_cost(eg, load_cost_model("edge-npu"), result.choice, roots, result.constant)
+
+
+def test_missing_facts_of_rule_made_contractions_and_lists_are_filled():
+    from eqsat_fuse.serialized import ENode, SerializedEGraph
+
+    nodes = [ENode("Input", 0, (), ("x",)), ENode("Const", 1, (), ("wa",)),
+             ENode("Const", 2, (), ("wb",)), ENode("TNil", 3, (), ()),
+             ENode("TCons", 4, (2, 3), ()), ENode("TCons", 5, (1, 4), ()),
+             ENode("Concat", 6, (5,), (1,)), ENode("MatMul", 7, (0, 6), ()),
+             ENode("Split", 8, (7,), ((3, 5), 2, 1))]
+    eg = SerializedEGraph(nodes=nodes, class_nodes=[[i] for i in range(9)],
+                          class_sort=["T", "T", "T", "TList", "TList", "TList", "T", "T", "T"],
+                          class_ids=[f"c{i}" for i in range(9)],
+                          shapes={0: (1, 4, 6), 1: (6, 3), 2: (6, 5)},
+                          dtypes={0: "float32", 1: "float32", 2: "float32"})
+    fill_missing_facts(eg)
+    assert eg.shapes[6] == (6, 8) and eg.shapes[7] == (1, 4, 8) and eg.shapes[8] == (1, 4, 5)
+    assert eg.dtypes[7] == "float32"
