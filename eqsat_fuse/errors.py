@@ -40,5 +40,14 @@ class FeedError(EqsatFuseError):
     """The inputs given to run() do not match the model (name, dtype or shape)."""
 
 
+class RunError(EqsatFuseError):
+    """A run failed on the values fed: an index fed at run time is out of range, for one."""
+
+
 class VerificationError(EqsatFuseError):
     """The compiled program does not compute what the original model computes."""
+
+
+class LimitError(EqsatFuseError):
+    """A hard limit (memory or time of the saturation child) was hit with nothing to fall back
+    to, or cannot be set here."""

@@ -1,7 +1,8 @@
 """Stage 1, import: an ONNX model (path or ModelProto) -> `ir.Graph` with static shapes.
 
 What happens, in order:
-1. read the file (external data only from inside the model's folder);
+1. read the file (external data only from inside the model's folder; never for a model given
+   in memory), refuse cycles, undefined values and nodes that overwrite inputs, run the checker;
 2. upgrade the default-domain opset to `CANONICAL_OPSET` with onnx's version converter;
 3. fix the input shapes (from the file or from `input_shapes=`) and refuse symbolic dims;
 4. fold the shape computations: nodes whose inputs are all constant (or `Shape` of a value whose
@@ -9,8 +10,13 @@ What happens, in order:
    give every value a static shape;
 5. normalize each node into the term language's form (defaults filled in, negative axes
    resolved, auto_pad turned into pads, attribute-like inputs such as Unsqueeze's axes turned
-   into attributes); a node outside the covered set becomes `Opaque`;
-6. drop the nodes no graph output depends on.
+   into attributes, very wide Concat/Max/Min split into trees); a node outside the covered set
+   becomes `Opaque`;
+6. drop the nodes no graph output depends on, and refuse a remaining Opaque node that
+   `onnx.reference` cannot run alone (other domains, control flow).
+
+Nothing big is allocated before its size is checked: declared shapes (`MAX_TENSOR_BYTES`) and
+values folded at import (`MAX_FOLDED_BYTES`). docs/reliability.md lists every refusal.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from onnx import helper, numpy_helper, shape_inference
 from .errors import ModelError
 from .ir import Graph, Node, TensorInfo
 from .ops import OPS
+from .numpy_ops import _pool_out_size
 from .reference import run_node
 
 CANONICAL_OPSET = 21
@@ -34,8 +41,20 @@ CANONICAL_OPSET = 21
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                      "Multinomial", "Bernoulli"}
 
-# A declared tensor bigger than this is refused before anything is allocated (8 GiB).
-MAX_TENSOR_BYTES = 8 << 30
+def _physical_memory() -> int:
+    try:
+        import os
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
+# A tensor bigger than this is refused before anything is allocated: 8 GiB, or half the
+# machine's memory when it has less than 16 GiB.
+MAX_TENSOR_BYTES = min(8 << 30, _physical_memory() // 2)
+# A value computed at import time from constants becomes an initializer of the model, which ONNX's
+# shape inference must then read whole; protobuf caps a model at 2 GiB.
+MAX_FOLDED_BYTES = 1 << 30
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -43,7 +62,14 @@ MAX_TENSOR_BYTES = 8 << 30
 def _read(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """Load the ModelProto and name it for messages; external data only from the model's folder."""
     if isinstance(model, onnx.ModelProto):
-        return model, model.graph.name or "<model>"
+        name = model.graph.name or "<model>"
+        for tensor in _all_tensors(model):
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                raise ModelError(f"{name}: tensor {tensor.name!r} keeps its data in an external "
+                                 f"file, and a model given in memory has no folder to read it "
+                                 f"from; pass the model's path instead (its data is then read "
+                                 f"from its folder only)")
+        return model, name
     path = Path(model)
     if not path.exists():
         raise ModelError(f"{path}: no such file")
@@ -70,7 +96,13 @@ def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
             continue
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
-        target = (base / location).resolve()
+        try:
+            if "\0" in location or not location:
+                raise ValueError
+            target = (base / location).resolve()
+        except (ValueError, OSError):
+            raise ModelError(f"{path}: tensor {tensor.name!r} keeps its data at {location!r}, "
+                             f"which is not a file name; refused") from None
         if not target.is_relative_to(base) or Path(location).is_absolute():
             raise ModelError(f"{path}: tensor {tensor.name!r} keeps its data at {location!r}, "
                              f"outside the model's folder; refused")
@@ -109,7 +141,7 @@ def _to_canonical(proto: onnx.ModelProto, version: int, name: str) -> onnx.Model
     if version == CANONICAL_OPSET:
         return proto
     try:
-        return onnx.version_converter.convert_version(proto, CANONICAL_OPSET)
+        converted = onnx.version_converter.convert_version(proto, CANONICAL_OPSET)
     except Exception as exc:
         if version > CANONICAL_OPSET:
             # The covered ops kept their form from opset 21 on; a model that cannot be taken down
@@ -117,6 +149,14 @@ def _to_canonical(proto: onnx.ModelProto, version: int, name: str) -> onnx.Model
             return proto
         raise ModelError(f"{name}: could not upgrade opset {version} to {CANONICAL_OPSET}: "
                          f"{exc}") from None
+    # The converter runs its own shape inference and writes what it found into the graph's
+    # outputs and value_info (e.g. a ceil-mode pool's wrong size, see `_ceil_pool_shadow`):
+    # keep the declarations of the file instead, and let `_infer` redo the rest.
+    for field in ("output", "value_info"):
+        target = getattr(converted.graph, field)
+        del target[:]
+        target.extend(getattr(proto.graph, field))
+    return converted
 
 
 def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None,
@@ -153,13 +193,71 @@ def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int,
 
 
 def _infer(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    shadow = _ceil_pool_shadow(proto)
     try:
-        return shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
-                                            data_prop=True)
+        inferred = shape_inference.infer_shapes(shadow or proto, check_type=True,
+                                                strict_mode=True, data_prop=True)
     except Exception as exc:
         message = str(exc).strip().splitlines()
         raise ModelError(f"{name}: ONNX shape inference failed: {message[-1] if message else exc}"
                          ) from None
+    if shadow is not None:   # the shadow differs from the model only in its pooling attributes
+        del inferred.graph.node[:]
+        inferred.graph.node.extend(proto.graph.node)
+    return inferred
+
+
+def _ceil_pool_shadow(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of the model for shape inference only, with ceil-mode pooling made explicit.
+
+    ONNX's shape inference (1.23) keeps a last ceil-mode window that starts in the end padding,
+    which onnxruntime, PyTorch and `numpy_ops` drop: it gives such a pool one output too many
+    (and a model declaring the right size fails strict inference). In the copy, each such node
+    gets ceil_mode=0 and end pads that give the same output size under floor rounding.
+    """
+    pools = {i for i, n in enumerate(proto.graph.node)
+             if n.op_type in ("MaxPool", "AveragePool") and n.domain in ("", "ai.onnx")
+             and int(_attrs(n).get("ceil_mode", 0)) and "kernel_shape" in _attrs(n)
+             and _str(_attrs(n).get("auto_pad", "NOTSET")) in ("NOTSET", "VALID")}
+    if not pools:
+        return None
+    try:
+        loose = shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:
+        return None
+    shapes = {vi.name: vi.type.tensor_type.shape for vi in [*loose.graph.input,
+                                                           *loose.graph.value_info]}
+    shadow = _copy(proto)
+    for index, node in enumerate(proto.graph.node):
+        if index not in pools or node.input[0] not in shapes:
+            continue
+        dims = shapes[node.input[0]].dim
+        a = _attrs(node)
+        kernel = list(a["kernel_shape"])
+        rank = len(kernel)
+        if len(dims) != rank + 2 or not all(d.HasField("dim_value") for d in dims[2:]):
+            continue
+        sizes = [int(d.dim_value) for d in dims[2:]]
+        strides = list(a.get("strides", [1] * rank))
+        dilations = list(a.get("dilations", [1] * rank))
+        pads = [0] * (2 * rank) if _str(a.get("auto_pad", "NOTSET")) == "VALID" else \
+            list(a.get("pads", [0] * (2 * rank)))
+        if (len(strides) != rank or len(dilations) != rank or len(pads) != 2 * rank
+                or min(kernel + strides + dilations) <= 0 or min(pads) < 0):
+            continue   # malformed: strict inference on the model as it is will say what is wrong
+        ends = []
+        for n, k, pb, pe, st, d in zip(sizes, kernel, pads[:rank], pads[rank:], strides,
+                                       dilations):
+            out = _pool_out_size(n, k, pb, pe, st, d, True)
+            ends.append(max((out - 1) * st + (k - 1) * d + 1 - n - pb, 0))
+        copy = shadow.graph.node[index]
+        kept = [attr for attr in copy.attribute if attr.name not in ("ceil_mode", "pads",
+                                                                     "auto_pad")]
+        del copy.attribute[:]
+        copy.attribute.extend(kept)
+        copy.attribute.extend([helper.make_attribute("ceil_mode", 0),
+                               helper.make_attribute("pads", pads[:rank] + ends)])
+    return shadow
 
 
 def _static_shapes(proto: onnx.ModelProto) -> dict[str, TensorInfo]:
@@ -232,13 +330,20 @@ def _fold_shape_computations(proto: onnx.ModelProto, name: str) -> onnx.ModelPro
                                                           attrs.get("end"))
             elif node.input and all(i == "" or i in known or i in new_values for i in node.input):
                 values = {**known, **new_values}
+                inputs = [values[i] if i else None for i in node.input]
+                _refuse_huge_fold(node, inputs, infos, name)
                 try:
-                    outputs = run_node(node, [values[i] if i else None for i in node.input],
-                                       proto.opset_import)
-                except Exception as exc:
+                    outputs = run_node(node, inputs, proto.opset_import)
+                except (Exception, MemoryError) as exc:
                     raise ModelError(f"{name}: node {node.name or node.op_type!r} "
                                      f"({node.op_type}) has constant inputs but could not be "
-                                     f"evaluated: {exc}") from None
+                                     f"evaluated: {type(exc).__name__}: {exc}") from None
+                for output, value in zip(node.output, outputs):
+                    if output and value is not None and np.asarray(value).nbytes > MAX_FOLDED_BYTES:
+                        raise ModelError(f"{name}: node {node.name or node.op_type!r} "
+                                         f"({node.op_type}) folds to {np.asarray(value).nbytes} "
+                                         f"bytes, more than the {MAX_FOLDED_BYTES >> 30} GiB a "
+                                         f"value computed at import may take; refused")
                 new_values.update((o, v) for o, v in zip(node.output, outputs) if o)
             else:
                 continue
@@ -260,6 +365,53 @@ def _fold_shape_computations(proto: onnx.ModelProto, name: str) -> onnx.ModelPro
     return _infer(proto, name)
 
 
+def _limit_text() -> str:
+    return f"{MAX_TENSOR_BYTES / (1 << 30):g} GiB"
+
+
+def _refuse_huge_fold(node: onnx.NodeProto, inputs: list, infos: dict[str, TensorInfo],
+                      name: str) -> None:
+    """Refuse to evaluate a constant node whose output would be too big, before allocating it.
+
+    The size comes from shape inference, or, for the ops whose output size is a function of
+    their input values (which inference may not propagate), from those values.
+    """
+    def size() -> int | None:
+        out = [infos[o] for o in node.output if o and o in infos]
+        if out and len(out) == len([o for o in node.output if o]):
+            return max(i.nbytes for i in out)
+        try:
+            op, x = node.op_type, inputs
+            if op == "ConstantOfShape":
+                value = _attrs(node).get("value")
+                item = numpy_helper.to_array(value).itemsize if value is not None else 4
+                return math.prod(int(d) for d in np.asarray(x[0]).reshape(-1)) * item
+            if op == "Range":
+                start, limit, delta = (float(np.asarray(v).reshape(())) for v in x[:3])
+                count = max(math.ceil((limit - start) / delta), 0) if delta else 0
+                return count * np.asarray(x[0]).itemsize
+            if op == "Expand":
+                shape = np.broadcast_shapes(np.shape(x[0]),
+                                            tuple(int(d) for d in np.asarray(x[1]).reshape(-1)))
+                return math.prod(shape) * np.asarray(x[0]).itemsize
+            if op == "Tile":
+                return math.prod(int(d) * int(r) for d, r in zip(
+                    np.shape(x[0]), np.asarray(x[1]).reshape(-1))) * np.asarray(x[0]).itemsize
+            if op == "OneHot":
+                depth = int(np.asarray(x[1]).reshape(-1)[0])
+                return math.prod(np.shape(x[0])) * depth * np.asarray(x[2]).itemsize
+        except (ValueError, TypeError, IndexError, OverflowError):
+            return None
+        return None
+
+    nbytes = size()
+    if nbytes is not None and nbytes > MAX_FOLDED_BYTES:
+        raise ModelError(f"{name}: node {node.name or node.op_type!r} ({node.op_type}) has "
+                         f"constant inputs, but its output would take {nbytes} bytes, more "
+                         f"than the {MAX_FOLDED_BYTES >> 30} GiB a value computed at import may "
+                         f"take; refused before allocating")
+
+
 def _shape_slice(dims: np.ndarray, start: int, end: int | None) -> np.ndarray:
     rank = len(dims)
     start = min(max(start + rank if start < 0 else start, 0), rank)
@@ -272,10 +424,22 @@ def _shape_slice(dims: np.ndarray, start: int, end: int | None) -> np.ndarray:
 class _Context:
     """What a normalizer may look at: static infos, constant values, and the node at hand."""
 
-    def __init__(self, infos: dict[str, TensorInfo], constants: dict[str, np.ndarray], model: str):
+    def __init__(self, infos: dict[str, TensorInfo], constants: dict[str, np.ndarray], model: str,
+                 taken: set[str] | None = None):
         self.infos = infos
         self.constants = constants
         self.model = model
+        self.taken = set(infos) | set(taken or ())
+
+    def fresh(self, base: str, info: TensorInfo) -> str:
+        """A value name no tensor of the model uses (the model's names are arbitrary strings)."""
+        name, n = base, 0
+        while name in self.taken:
+            n += 1
+            name = f"{base}'{n}"
+        self.taken.add(name)
+        self.infos[name] = info
+        return name
 
     def info(self, value: str) -> TensorInfo:
         return self.infos[value]
@@ -466,8 +630,23 @@ def _norm_unary_attrs(defaults: dict[str, Any]) -> Callable:
     return normalize
 
 
+# Casts to these types round and saturate by attributes (saturate, round_mode) that the term
+# language's Cast does not carry: such a Cast stays Opaque, run by onnx.reference.
+_SATURATING_CASTS = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
+                     onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ}
+_ROUNDING_CASTS = {getattr(onnx.TensorProto, "FLOAT8E8M0", -1)}
+
+
 def _norm_cast(node, ctx: _Context):
-    return "Cast", [node.input[0]], dict(to=_np_dtype(int(_attrs(node)["to"])))
+    a = _attrs(node)
+    to = int(a["to"])
+    if to in _SATURATING_CASTS and int(a.get("saturate", 1)):
+        raise _Unsupported("a saturating cast to an 8-bit float")
+    if to in _ROUNDING_CASTS:
+        raise _Unsupported("a cast to float8e8m0 (rounding mode)")
+    if to == onnx.TensorProto.STRING:
+        raise _Unsupported("a cast to string")
+    return "Cast", [node.input[0]], dict(to=_np_dtype(to))
 
 
 def _norm_transpose(node, ctx: _Context):
@@ -478,6 +657,9 @@ def _norm_transpose(node, ctx: _Context):
 
 def _norm_static_shape(op: str) -> Callable:
     def normalize(node, ctx: _Context):
+        # The output shape comes from shape inference, but only a compile-time shape input makes
+        # it the shape at every run: a shape fed at run time keeps the node Opaque.
+        ctx.constant(node, 1, "shape")
         return op, [node.input[0]], dict(shape=list(ctx.info(node.output[0]).shape))
     return normalize
 
@@ -514,6 +696,7 @@ def _norm_split(node, ctx: _Context):
     a = _attrs(node)
     rank = ctx.rank(node.input[0])
     axis = _axis(int(a.get("axis", 0)), rank)
+    ctx.constant(node, 1, "split")      # sizes fed at run time: Opaque
     sizes = [ctx.info(o).shape[axis] for o in node.output]
     return "Split", [node.input[0]], dict(split=sizes, axis=axis)
 
@@ -595,6 +778,68 @@ for _op in ("Relu", "Sigmoid", "HardSwish", "Tanh", "Erf", "Add", "Sub", "Mul", 
     _NORMALIZERS[_op] = _norm_plain
 
 
+# String attributes the term language carries, and the values ONNX defines for them.
+_ENUM_ATTRS = {"Pad": {"mode": ("constant", "reflect", "edge", "wrap")},
+               "Gelu": {"approximate": ("none", "tanh")}}
+
+
+# A node reading more tensors than this is split into a tree of nodes (Concat, Max, Min) or
+# refused: the term language holds a node's inputs as a nested list, and egglog overflows its
+# stack on a term nested some thousands deep (a crash of the whole process, not an error).
+FAN_IN = 256
+MAX_INPUTS = 1024
+
+
+def _split_wide(node: onnx.NodeProto, ctx: _Context) -> list[onnx.NodeProto]:
+    """A node with more than FAN_IN inputs as a tree of nodes of the same op, when associative."""
+    inputs = list(node.input)
+    if len(inputs) <= FAN_IN:
+        return [node]
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("Concat", "Max", "Min", "Sum") \
+            or "" in inputs:
+        if len(inputs) > MAX_INPUTS:
+            raise ModelError(f"{ctx.model}: node {node.name or node.op_type!r} "
+                             f"({node.op_type}) reads {len(inputs)} tensors; eqsat-fuse takes "
+                             f"at most {MAX_INPUTS} inputs per node")
+        return [node]
+    if node.op_type == "Sum":
+        return [node]          # becomes a chain of Adds, one input at a time
+    out_info = ctx.info(node.output[0])
+    axis = _axis(int(_attrs(node).get("axis", 0)), len(out_info.shape))
+    parts: list[onnx.NodeProto] = []
+    level = 0
+    while len(inputs) > FAN_IN:
+        level += 1
+        grouped = []
+        for start in range(0, len(inputs), FAN_IN):
+            chunk = inputs[start:start + FAN_IN]
+            if len(chunk) == 1:
+                grouped.append(chunk[0])
+                continue
+            shapes = [ctx.info(v).shape for v in chunk]
+            if node.op_type == "Concat":
+                shape = list(shapes[0])
+                shape[axis] = sum(s[axis] for s in shapes)
+            else:
+                shape = np.broadcast_shapes(*shapes)
+            out = ctx.fresh(f"{node.output[0]}::{node.op_type.lower()}{level}.{start}",
+                            TensorInfo(tuple(shape), ctx.info(chunk[0]).dtype))
+            part = onnx.NodeProto()
+            part.CopyFrom(node)
+            part.name = f"{node.name or node.op_type}::{level}.{start}"
+            del part.input[:], part.output[:]
+            part.input.extend(chunk)
+            part.output.append(out)
+            parts.append(part)
+            grouped.append(out)
+        inputs = grouped
+    last = onnx.NodeProto()
+    last.CopyFrom(node)
+    del last.input[:]
+    last.input.extend(inputs)
+    return [*parts, last]
+
+
 def _normalize(node: onnx.NodeProto, ctx: _Context) -> list[Node]:
     """One ONNX node -> IR nodes (Sum becomes a chain of Add; the rest map one to one)."""
     label = node.name or node.op_type
@@ -604,10 +849,12 @@ def _normalize(node: onnx.NodeProto, ctx: _Context) -> list[Node]:
             return [Node("Identity", inputs, list(node.output), {}, label)]
         nodes, acc = [], inputs[0]
         for i, other in enumerate(inputs[1:], start=1):
-            out = node.output[0] if i == len(inputs) - 1 else f"{node.output[0]}::sum{i}"
-            if out != node.output[0]:
+            if i == len(inputs) - 1:
+                out = node.output[0]
+            else:
                 shape = np.broadcast_shapes(ctx.info(acc).shape, ctx.info(other).shape)
-                ctx.infos[out] = TensorInfo(tuple(shape), ctx.info(acc).dtype)
+                out = ctx.fresh(f"{node.output[0]}::sum{i}",
+                                TensorInfo(tuple(shape), ctx.info(acc).dtype))
             nodes.append(Node("Add", [acc, other], [out], {}, f"{label}::{i}"))
             acc = out
         return nodes
@@ -616,6 +863,10 @@ def _normalize(node: onnx.NodeProto, ctx: _Context) -> list[Node]:
         try:
             op, inputs, attrs = normalizer(node, ctx)
             assert op in OPS, op
+            for key, allowed in _ENUM_ATTRS.get(op, {}).items():
+                if attrs[key] not in allowed:
+                    raise ModelError(f"{ctx.model}: node {label!r} ({node.op_type}): {key} "
+                                     f"{attrs[key]!r} is not one of {', '.join(allowed)}")
             return [Node(op, inputs, [o for o in node.output][:1] if op != "Split"
                          else list(node.output), attrs, label)]
         except _Unsupported:
@@ -629,17 +880,35 @@ def _normalize(node: onnx.NodeProto, ctx: _Context) -> list[Node]:
 def import_model(model: str | Path | onnx.ModelProto,
                  input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
     """Read an ONNX model into the IR: canonical opset, static shapes, normalized nodes."""
+    try:
+        return _import_model(model, input_shapes)
+    except MemoryError:
+        name = model.graph.name if isinstance(model, onnx.ModelProto) else str(model)
+        raise ModelError(f"{name or '<model>'}: ran out of memory while reading the model "
+                         f"(its tensors or the values folded at import are too big for this "
+                         f"machine)") from None
+
+
+def _import_model(model: str | Path | onnx.ModelProto,
+                  input_shapes: dict[str, tuple[int, ...]] | None) -> Graph:
     proto, name = _read(model)
     proto = _copy(proto)
     source_opset = _default_opset(proto, name)
     _check_topology(proto, name)
+    _set_input_shapes(proto, input_shapes, name)    # before the checker, which wants shapes
+    for vo in proto.graph.output:
+        if vo.type.HasField("tensor_type") and not vo.type.tensor_type.HasField("shape"):
+            raise ModelError(f"{name}: graph output {vo.name!r} declares no shape, not even "
+                             f"its rank (ONNX requires one; its dims may be unknown)")
     try:
         onnx.checker.check_model(proto)
     except Exception as exc:
         raise ModelError(f"{name}: the ONNX checker rejects the model: "
                          f"{str(exc).strip().splitlines()[0]}") from None
-    _set_input_shapes(proto, input_shapes, name)
     proto = _to_canonical(proto, source_opset, name)
+    # The opset the nodes now follow: CANONICAL_OPSET, or a newer one that could not be taken
+    # down (Opaque nodes must then run under it, e.g. Cast's round_mode exists from opset 24).
+    opset = max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     onnx_nodes = len(proto.graph.node)
     proto = _fold_shape_computations(proto, name)
     graph = proto.graph
@@ -657,7 +926,8 @@ def import_model(model: str | Path | onnx.ModelProto,
         _require_static(value, infos, name)
     _refuse_huge(infos, name)
 
-    ctx = _Context(infos, initializers, name)
+    ctx = _Context(infos, initializers, name,
+                   {v for n in graph.node for v in [*n.input, *n.output]} | set(inputs))
     nodes: list[Node] = []
     for onnx_node in graph.node:
         if onnx_node.op_type == "Constant":
@@ -665,14 +935,19 @@ def import_model(model: str | Path | onnx.ModelProto,
         for out in onnx_node.output:
             if out:
                 _require_static(out, infos, name, onnx_node)
-        nodes.extend(_normalize(onnx_node, ctx))
+        for part in _split_wide(onnx_node, ctx):
+            nodes.extend(_normalize(part, ctx))
     nodes = _live_nodes(nodes, outputs)
+    for node in nodes:
+        if node.op == "Opaque":
+            _check_runnable(node.onnx_node, name)
     used = {i for n in nodes for i in n.inputs if i} | set(outputs)
     return Graph(
         name=name, nodes=nodes,
-        values={v: infos[v] for v in used | {o for n in nodes for o in n.outputs} if v in infos},
+        values={v: infos[v] for v in used | set(inputs) | {o for n in nodes for o in n.outputs}
+                if v in infos},
         initializers={k: v for k, v in initializers.items() if k in used},
-        inputs=inputs, outputs=outputs, opset=CANONICAL_OPSET, source_opset=source_opset,
+        inputs=inputs, outputs=outputs, opset=opset, source_opset=source_opset,
         opaque_ops=sorted({n.onnx_node.op_type for n in nodes if n.op == "Opaque"}),
         onnx_nodes=onnx_nodes)
 
@@ -688,6 +963,11 @@ def _check_topology(proto: onnx.ModelProto, name: str) -> None:
     graph = proto.graph
     defined = {vi.name for vi in graph.input} | {t.name for t in graph.initializer} | {""}
     producers = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    for node in graph.node:
+        for value in node.output:
+            if value and value in defined:
+                raise ModelError(f"{name}: node {node.name or node.op_type!r} writes {value!r}, "
+                                 f"which is already a graph input or an initializer")
     for node in graph.node:
         for value in node.input:
             if value not in defined and value not in producers:
@@ -721,6 +1001,18 @@ def _check_topology(proto: onnx.ModelProto, name: str) -> None:
         graph.node.extend(nodes)
 
 
+def _check_runnable(node: onnx.NodeProto, name: str) -> None:
+    """Refuse, at compile time, an uncovered node that `onnx.reference` cannot run on its own."""
+    label = f"node {node.name or node.op_type!r} ({node.op_type}"
+    if node.domain not in ("", "ai.onnx"):
+        raise ModelError(f"{name}: {label}) is an operator of domain {node.domain!r}; "
+                         f"eqsat-fuse runs operators of the default ONNX domain only")
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for a in node.attribute):
+        raise ModelError(f"{name}: {label}) holds a subgraph; control flow (If, Loop, Scan) is "
+                         f"outside what eqsat-fuse compiles")
+
+
 def _require_static(value: str, infos: dict[str, TensorInfo], name: str,
                     node: onnx.NodeProto | None = None) -> None:
     if value in infos:
@@ -732,9 +1024,12 @@ def _require_static(value: str, infos: dict[str, TensorInfo], name: str,
 
 def _refuse_huge(infos: dict[str, TensorInfo], name: str) -> None:
     for value, info in infos.items():
+        if any(d < 0 for d in info.shape):
+            raise ModelError(f"{name}: value {value!r} has shape {list(info.shape)}, with a "
+                             f"negative dim")
         if math.prod(info.shape) * np.dtype(info.dtype).itemsize > MAX_TENSOR_BYTES:
             raise ModelError(f"{name}: value {value!r} has shape {list(info.shape)} "
-                             f"({info.dtype}), more than {MAX_TENSOR_BYTES >> 30} GiB; refused "
+                             f"({info.dtype}), more than {_limit_text()}; refused "
                              f"before allocating")
 
 

@@ -33,18 +33,26 @@ class NodeRunner:
         feeds = {name: v for name, v in zip(self.names, values) if name and v is not None}
         try:
             results = self.evaluator.run(None, feeds)
-        except Exception:
+        except Exception as first:
             # onnx.reference has gaps (GatherElements on wide inputs, OneHot on some dtypes):
             # run the same one-node model in onnxruntime when it is installed.
-            results = self._onnxruntime(feeds)
+            try:
+                results = self._onnxruntime(feeds)
+            except ImportError:
+                raise first from None
+            except Exception as second:
+                node = self.model.graph.node[0]
+                raise RuntimeError(
+                    f"node {node.name or node.op_type!r} ({node.op_type}) could not be run: "
+                    f"onnx.reference: {type(first).__name__}: {first}; onnxruntime: "
+                    f"{str(second).strip().splitlines()[-1] if str(second).strip() else second}"
+                ) from None
         results = iter(results)
         return [np.asarray(next(results)) if o else None for o in self.outputs]
 
     def _onnxruntime(self, feeds):
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise
+        import onnxruntime as ort
+
         if self.session is None:
             options = ort.SessionOptions()
             options.log_severity_level = 3

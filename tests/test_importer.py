@@ -146,3 +146,89 @@ def test_huge_declared_shape_is_refused_before_allocating():
                        [("x", [1 << 20, 1 << 20])], [("y", [1 << 20, 1 << 20])])
     with pytest.raises(ef.ModelError, match="refused before allocating"):
         ef.compile(model)
+
+
+# ---- regressions found by the ONNX node tests (tests/test_conformance.py) ----------------------
+
+def test_an_input_no_node_reads_still_compiles_and_is_still_fed():
+    # Shape(x) folds to a constant and inference-mode Dropout ignores its ratio, so nothing
+    # reads x or ratio any more; both stay inputs of the model
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Dropout", ["z", "ratio"], ["d"])]
+    model = make_model(nodes, [("x", [2, 3, 4]), ("z", [2]), ("ratio", [])],
+                       [("s", [3], TensorProto.INT64), ("d", [2])])
+    compiled = ef.compile(model)
+    assert set(compiled.inputs) == {"x", "z", "ratio"}
+    feeds = {"x": np.zeros((2, 3, 4), np.float32), "z": np.array([1.0, -2.0], np.float32),
+             "ratio": np.float32(0.5)}
+    out = compiled.run(feeds)
+    np.testing.assert_array_equal(out["s"], [2, 3, 4])
+    np.testing.assert_array_equal(out["d"], feeds["z"])
+    with pytest.raises(ef.FeedError, match="missing input 'x'"):
+        compiled.run({"z": feeds["z"], "ratio": feeds["ratio"]})
+
+
+@pytest.mark.parametrize("op, out_shape, expected", [
+    ("Reshape", [1, 3], lambda x: x.reshape(1, 3)),
+    ("Expand", [3, 4], lambda x: np.broadcast_to(x, (3, 4))),
+])
+def test_a_shape_fed_at_run_time_keeps_the_node_opaque(op, out_shape, expected):
+    # the program must follow the shape fed at run time, not the one shape inference assumed
+    model = make_model([helper.make_node(op, ["x", "shape"], ["y"])],
+                       [("x", [3, 1]), ("shape", [2], TensorProto.INT64)], [("y", out_shape)])
+    compiled = ef.compile(model)
+    assert compiled.report.opaque_ops == [op]
+    x = np.arange(3, dtype=np.float32).reshape(3, 1)
+    y = compiled.run({"x": x, "shape": np.array(out_shape, np.int64)})["y"]
+    np.testing.assert_array_equal(y, expected(x))
+
+
+def test_split_sizes_fed_at_run_time_keep_split_opaque():
+    nodes = [helper.make_node("Split", ["x", "sizes"], ["a", "b"], axis=0)]
+    model = make_model(nodes, [("x", [5]), ("sizes", [2], TensorProto.INT64)],
+                       [("a", [2]), ("b", [3])])
+    compiled = ef.compile(model)
+    assert compiled.report.opaque_ops == ["Split"]
+    x = np.arange(5, dtype=np.float32)
+    out = compiled.run({"x": x, "sizes": np.array([2, 3], np.int64)})
+    np.testing.assert_array_equal(out["a"], x[:2])
+    np.testing.assert_array_equal(out["b"], x[2:])
+
+
+def test_saturating_cast_to_float8_is_run_by_onnx_reference():
+    # Cast(saturate=1) to float8 clamps to the largest finite value; a plain astype gives NaN
+    nodes = [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E4M3FN)]
+    model = make_model(nodes, [("x", [3])], [("y", [3], TensorProto.FLOAT8E4M3FN)], opset=19)
+    compiled = ef.compile(model)
+    assert compiled.report.opaque_ops == ["Cast"]
+    y = compiled.run({"x": np.array([1.0, 1e6, -1e6], np.float32)})["y"]
+    np.testing.assert_array_equal(y.astype(np.float32), [1.0, 448.0, -448.0])
+    plain = make_model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E4M3FN,
+                                         saturate=0)],
+                       [("x", [3])], [("y", [3], TensorProto.FLOAT8E4M3FN)], opset=19)
+    assert ef.compile(plain).report.opaque_ops == []
+
+
+def test_opaque_nodes_run_under_the_opset_the_model_keeps():
+    # a Cast to float8e8m0 with round_mode exists from opset 24 and cannot be taken down to 21
+    nodes = [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E8M0, round_mode="up")]
+    model = make_model(nodes, [("x", [2])], [("y", [2], TensorProto.FLOAT8E8M0)], opset=24)
+    graph = import_model(model)
+    assert graph.opset == 24
+    y = ef.compile(model).run({"x": np.array([0.3, 4.0], np.float32)})["y"]
+    np.testing.assert_array_equal(y.astype(np.float32), [0.5, 4.0])
+
+
+@pytest.mark.parametrize("declared", [[1, 1, 3, 3], ["n", "c", "h", "w"]])
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_ceil_mode_pool_drops_a_last_window_that_starts_in_the_padding(op, declared):
+    # ONNX's shape inference keeps that window (4x4, or a conflict with the declared 3x3);
+    # onnxruntime, PyTorch and numpy_ops drop it (3x3)
+    nodes = [helper.make_node(op, ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
+                              pads=[1, 1, 1, 1], ceil_mode=1)]
+    model = make_model(nodes, [("x", [1, 1, 5, 5])], [("y", declared)])
+    graph = import_model(model)
+    assert graph.values["y"].shape == (1, 1, 3, 3)
+    compiled = ef.compile(model)
+    assert [k.ops for k in compiled.report.kernels] == [[op]]
+    assert compiled.verify().ok
