@@ -37,6 +37,33 @@ def median_seconds(fn, repeat: int = 30, min_time: float = 0.3) -> float:
     return float(np.median(times))
 
 
+def measure(fns: dict, repeat: int = 30, min_time: float = 0.3, max_time: float = 60.0
+            ) -> dict[str, float]:
+    """Median wall time (s) of each fn, measured round-robin: one call of each per round, so
+    the load of a shared machine falls on all of them alike. At least `repeat` rounds and
+    `min_time` seconds (at most `max_time` seconds beyond the first `repeat // 3` rounds)."""
+    import time
+
+    import numpy as np
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    start = time.perf_counter()
+    rounds = 0
+    while True:
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+        rounds += 1
+        elapsed = time.perf_counter() - start
+        if rounds >= repeat and elapsed >= min_time:
+            break
+        if rounds >= max(3, repeat // 3) and elapsed > max_time or rounds > 2000:
+            break
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
 def ort_session(model, threads: int, optimize: bool):
     import onnxruntime as ort
     options = ort.SessionOptions()

@@ -20,7 +20,8 @@ from _common import set_threads  # noqa: E402
 THREADS = set_threads(sys.argv)
 
 import eqsat_fuse as ef  # noqa: E402
-from _common import BUILTIN, family_of, geomean, load_model, median_seconds, ort_session  # noqa
+from _common import (BUILTIN, family_of, geomean, load_model, measure,  # noqa: E402
+                     median_seconds, ort_session)
 from eqsat_fuse.verify import random_feeds  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,13 +50,14 @@ def main(names: list[str]) -> None:
         assert fused.verify(feeds).ok, f"{label}: numba output mismatch"
         ort_all = ort_session(model, THREADS, True)
         ort_none = ort_session(model, THREADS, False)
-        t = {
-            "ort_all": median_seconds(lambda: ort_all.run(None, feeds)),
-            "ort_none": median_seconds(lambda: ort_none.run(None, feeds)),
-            "numba": median_seconds(lambda: fused.run(feeds)),
-            "nofuse": median_seconds(lambda: unfused.run(feeds)),
-            "numpy": median_seconds(lambda: numpy_fused.run(feeds), repeat=10),
-        }
+        # round-robin: each round runs every variant once, so machine load hits all alike
+        t = measure({
+            "ort_all": lambda: ort_all.run(None, feeds),
+            "ort_none": lambda: ort_none.run(None, feeds),
+            "numba": lambda: fused.run(feeds),
+            "nofuse": lambda: unfused.run(feeds),
+        })
+        t["numpy"] = median_seconds(lambda: numpy_fused.run(feeds), repeat=5, min_time=0.1)
         r = t["numba"] / t["ort_all"]
         ratios.setdefault(family, []).append(r)
         fusion.setdefault(family, []).append(t["nofuse"] / t["numba"])

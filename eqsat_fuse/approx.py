@@ -98,6 +98,10 @@ def exp_f32(x):
     n = np.floor(xc * _LOG2E + _F(0.5))
     r = xc - n * _LN2_HI
     r = r - n * _LN2_LO
+    # at the clamp (n = -126) rounding can leave r a hair below 0 and the product below
+    # 2**-126: a subnormal, which costs a microcode assist per element (masked attention
+    # scores all land here). r >= 0 there keeps every intermediate normal (error < 1 ulp).
+    r = max(r, _F(0.0)) if n < _F(-125.5) else r
     p = _F(1.9875691500e-4)
     p = p * r + _F(1.3981999507e-3)
     p = p * r + _F(8.3334519073e-3)

@@ -1,24 +1,37 @@
-"""The Numba backend: one generated, compiled loop nest per fused kernel.
+"""The Numba backend: one generated, compiled loop nest per fused kernel, called in sequence
+from one compiled function per program segment.
 
 For each kernel, `NumbaBackend.prepare` writes the source of one Python module holding one
 `@njit` function, from the kernel body only (generated identifiers; numbers enter the source as
 `repr` of floats and ints; nothing of the model's names or strings). Shapes, offsets and
 broadcast tables are arguments, so kernels with the same structure share one source and one
-compiled function. Modules are written to a cache folder named by the hash of their source and
-compiled with `cache=True`, so a second process loads the machine code instead of compiling.
+compiled function. Modules are written to a cache folder named by the hash of their source (and
+of the hand-written runtime they call, `RUNTIME_DIGEST`) and compiled with `cache=True`, so a
+second process loads the machine code instead of compiling.
+
+Segments: lowering groups consecutive compiled kernels (everything between NumPy-only steps:
+opaque nodes, fallbacks) into one generated `@njit` function that calls them in order on views
+of the arena made from addresses (`segment_source`), so Python dispatches once per segment
+instead of once per kernel (a dispatch with 7 array arguments costs a few microseconds; tiny
+models run 30-150 kernels).
 
 Kernel families:
 - elementwise (any broadcasting, views read in place): one pass over the output, viewed as rows
   x columns where every operand is a row base plus a column stride; each input element is read
   once and each output element written once; float32 polynomial exp/tanh/erf (`approx`) keep
-  the loop vectorized;
-- Conv (im2col or direct 1x1, depthwise by direct loops), MatMul and Gemm on BLAS (`np.dot`
-  inside the kernel), computed in row blocks; the fused epilogue runs on each block right
-  after its GEMM, while the block is in cache;
+  the loop vectorized (512-bit vectors on AVX-512, `kernels_numba.wide_vectors`); indices are
+  unsigned (`U(...)`), since Numba's negative-index wraparound on signed indices turns the
+  loads into gathers; large outputs of cheap (memory-bound) bodies are written through an L1
+  tile with non-temporal stores (no read-for-ownership of the output);
+- Conv (im2col, direct 1x1, stride-1 convolutions over wide planes as shifted GEMMs on the
+  padded input without im2col, depthwise by direct loops), MatMul and Gemm on BLAS: one GEMM
+  per matrix product (`np.dot`, or `kernels_numba.gemm`, which takes leading dimensions and
+  transposes so transposed or sliced views need no packing copy), then the fused epilogue;
 - Softmax and LayerNormalization: one row at a time, prologue (the fused elementwise input),
-  the row statistics and the epilogue all on the row while it sits in L1; ReduceMean/ReduceSum
-  over trailing axes, pooling (2-D);
-- views and the movement ops (Concat, Gather, Pad) are plain NumPy copies into the arena.
+  the row statistics in 16 independent lanes (a vectorized reduction without reassociation)
+  and the epilogue; ReduceMean/ReduceSum over trailing axes, pooling (2-D);
+- data movement (Concat, Gather, constant Pad, views that strides cannot express) as
+  generated strided copies.
 
 Anything else falls back to the NumPy evaluation of that kernel (writing into the same arena
 slot); `fallbacks` lists those kernels with the reason.
@@ -48,6 +61,20 @@ from .ops import OPS
 
 # elementwise kernels at least this large run with prange when more than one thread is allowed
 PARALLEL_MIN_ELEMENTS = 1 << 18
+# a stride-1 Conv runs as shifted GEMMs over the padded input (no im2col) when the padded row
+# is at most this much longer than the output row and the output plane is this large
+SHIFTED_MAX_WIDTH_RATIO = 1.1
+SHIFTED_MIN_PIXELS = 256
+# elementwise kernels write float32 outputs this large with non-temporal stores (elements):
+# graph outputs (the caller reads them later, if at all soon) and huge intermediates
+STREAM_MIN_OUTPUT = 1 << 21
+STREAM_MIN_BUFFER = 1 << 24
+# ... and only when the body is cheap arithmetic (memory-bound): a body with exp, tanh, erf or a
+# division is compute-bound, and its loop ran up to 2x slower writing into the L1 tile
+_STREAM_OPS = frozenset({"Add", "Sub", "Mul", "Neg", "Relu", "LeakyRelu", "Clip", "Where",
+                         "Cast", "Identity", "Dropout", "HardSigmoid", "HardSwish"})
+# output bytes of one BLAS call before a GEMM is split into row blocks
+GEMM_BLOCK_BYTES = 1 << 26
 CACHE_ENV = "EQSAT_FUSE_CACHE_DIR"
 FASTMATH = '{"contract", "nsz", "arcp"}'
 _FLOATS = ("float32", "float16")
@@ -60,6 +87,15 @@ def default_cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "eqsat-fuse" / "kernels"
+
+
+def _gemm_block(rows: int, cols: int) -> int:
+    """Rows per BLAS call: all of them unless the block's output exceeds GEMM_BLOCK_BYTES.
+
+    Every call repacks the whole B operand, so small row blocks (to keep the epilogue's rows
+    in L1) cost more in packing than the epilogue gains; one call per GEMM is fastest here.
+    """
+    return max(8, min(rows, GEMM_BLOCK_BYTES // max(4 * cols, 1)))
 
 
 class Unsupported(Exception):
@@ -208,12 +244,14 @@ class _Module:
                      + (", parallel=True" if self.parallel else "") + ")")
         head = [
             "# generated by eqsat_fuse.backend_numba: one fused kernel",
+            f"# runtime {RUNTIME_DIGEST}",
             "import numpy as np",
             "from numba import njit, prange",
             "from eqsat_fuse.approx import (exp_f32, tanh_f32, sigmoid_f32, erf_f32, gelu_f32,",
             "                               gelu_tanh_f32, f16_to_f32, f32_to_f16)",
             "from eqsat_fuse import kernels_numba as K",
             "F32 = np.float32",
+            "U = np.uint64      # unsigned indices: no negative-index wraparound, loops vectorize",
             "",
             *self.header,
             "",
@@ -226,6 +264,9 @@ class _Module:
         used = sorted({int(i) for line in self.lines for i in re.findall(r"\bG\[(\d+)\]", line)})
         lines = [re.sub(r"\bG\[(\d+)\]", r"g\1", line) for line in self.lines]
         body = [f"    g{i} = G[{i}]" for i in used] + ["    " + line for line in lines]
+        from .kernels_numba import WIDE_VECTORS
+        if WIDE_VECTORS:
+            body.insert(0, "    K.wide_vectors()")
         body = body or ["    pass"]
         return "\n".join(head + body) + "\n"
 
@@ -446,7 +487,7 @@ class KernelGen:
 
     def load_expr(self, t: Tensor, index: str) -> str:
         arr = self.storage_array(t)
-        raw = f"{arr}[{index}]"
+        raw = f"{arr}[U({index})]"
         if t.stored == "float16" and t.dtype != "float16":
             return f"f16_to_f32({raw})"
         if t.stored == "float16":
@@ -582,6 +623,8 @@ class KernelGen:
             kinds = {OPS[op].kind for op in ops}
             if kinds <= {"elementwise", "view"}:
                 return self.gen_elementwise()
+            if "movement" in kinds:
+                return self.gen_movement()
             raise Unsupported(f"body of {', '.join(sorted(set(ops)))}")
         if len(anchors) > 1:
             raise Unsupported("more than one anchor")
@@ -650,24 +693,29 @@ class KernelGen:
         numel = R * C
         m = self.m
         m.parallel = not serial and self.b.threads > 1 and numel >= PARALLEL_MIN_ELEMENTS
-        chunk = C
-        if m.parallel:
-            chunk = max(4096, -(-C // (4 * self.b.threads))) if R < 4 * self.b.threads else C
-        nchunks = -(-C // chunk) if C else 0
-        m.lines += [f"R = {m.int_param(R)}", f"C = {m.int_param(C)}",
-                    f"CH = {m.int_param(chunk)}", f"NC = {m.int_param(nchunks)}"]
-        loop = "prange" if m.parallel else "range"
-        m.lines.append(f"for t in {loop}(R * NC):")
-        m.lines.append("    r = t // NC")
-        m.lines.append("    c0 = (t - r * NC) * CH")
-        m.lines.append("    c1 = min(c0 + CH, C)")
+        m.lines += [f"R = {m.int_param(R)}", f"C = {m.int_param(C)}"]
         hoist: list[str] = []
         values: dict[int, str] = {}
         inner = self.emit_nodes(nodes, uses, space, values, "        ", "r", "c", hoist)
-        m.lines += ["    " + h for h in hoist]
-        m.lines.append("    for c in range(c0, c1):")
-        m.lines += inner
-        m.lines.append(f"        out[r * C + c] = {self.store_expr(values[self.root])}")
+        if not m.parallel and self.streams(numel):
+            self.stream_elementwise(R, C, hoist, values, nodes, uses, space)
+        elif m.parallel and R < 4 * self.b.threads:
+            # few long rows: the threads share each row in column chunks
+            chunk = max(4096, -(-C // (4 * self.b.threads)))
+            m.lines += [f"CH = {m.int_param(chunk)}", f"NC = {m.int_param(-(-C // chunk))}"]
+            m.lines.append("for t in prange(R * NC):")
+            m.lines.append("    r = t // NC")
+            m.lines.append("    c0 = (t - r * NC) * CH")
+            m.lines.append("    c1 = min(c0 + CH, C)")
+            m.lines += ["    " + h for h in hoist]
+            m.lines.append("    for c in range(c0, c1):")
+        else:
+            m.lines.append(f"for r in {'prange' if m.parallel else 'range'}(R):")
+            m.lines += ["    " + h for h in hoist]
+            m.lines.append("    for c in range(C):")
+        if not (not m.parallel and self.streams(numel)):
+            m.lines += inner
+            m.lines.append(f"        out[U(r * C + c)] = {self.store_expr(values[self.root])}")
         # in place: an input read only densely (at the index written) may be overwritten
         dense: dict[str, bool] = {}
         for (i, slot), lay in uses.items():
@@ -680,6 +728,198 @@ class KernelGen:
             dense[storage] = dense.get(storage, True) and ok
         if not serial:
             self.inplace.update(name for name, ok in dense.items() if ok)
+
+    # -- data movement: strided copies (Concat, Gather, Pad, views that need a copy) --
+    def emit_copy(self, t: "Tensor", src_off, src_strides, dst_off, dst_strides, shape,
+                  indent: str = "") -> None:
+        """Lines copying `shape` elements of t (at src_off + i.src_strides) to out (at
+        dst_off + i.dst_strides). Offsets are expressions; dims are merged where both sides
+        allow, the innermost loop is the last merged dim."""
+        m = self.m
+        dims = [(int(n), int(a), int(b)) for n, a, b in zip(shape, src_strides, dst_strides)
+                if n != 1]
+        if any(n == 0 for n, _, _ in dims):
+            return
+        merged: list[tuple[int, int, int]] = []
+        for n, a, b in dims:
+            if merged and merged[-1][1] == a * n and merged[-1][2] == b * n:
+                n0 = merged[-1][0]
+                merged[-1] = (n0 * n, a, b)
+            else:
+                merged.append((n, a, b))
+        if len(merged) > 4:
+            raise Unsupported("a copy over more than 4 strided dims")
+        lines = m.lines
+        if not merged:
+            lines.append(f"{indent}out[U({dst_off})] = "
+                         f"{self.store_expr(self.load_expr(t, str(src_off)))}")
+            return
+        s_expr, d_expr = [str(src_off)], [str(dst_off)]
+        for k, (n, a, b) in enumerate(merged[:-1]):
+            lines.append(f"{indent}for i{k} in range({m.int_param(n)}):")
+            indent += "    "
+            s_expr.append(f"i{k} * {m.int_param(a)}")
+            d_expr.append(f"i{k} * {m.int_param(b)}")
+        lines.append(f"{indent}s_ = {' + '.join(s_expr)}")
+        lines.append(f"{indent}d_ = {' + '.join(d_expr)}")
+        n, a, b = merged[-1]
+        lines.append(f"{indent}for iL in range({m.int_param(n)}):")
+        src = f"s_ + iL" if a == 1 else f"s_ + iL * {m.int_param(a)}"
+        dst = f"d_ + iL" if b == 1 else f"d_ + iL * {m.int_param(b)}"
+        lines.append(f"{indent}    out[U({dst})] = {self.store_expr(self.load_expr(t, src))}")
+
+    def boundary(self, a: Operand) -> "Tensor":
+        """The tensor an argument reads: a boundary operand, or a resolved view of one."""
+        while a.kind == "node":
+            node = self.body[a.ref]
+            if node.op != "Identity":
+                raise Unsupported("data movement of an inline value")
+            a = node.args[0]
+        if a.kind not in ("buffer", "const", "synthetic"):
+            raise Unsupported(f"data movement of {a.kind}")
+        return self.tensor(a)
+
+    def gen_copy(self, source: Operand) -> None:
+        """A view strides cannot express (a Reshape of a transposed buffer): copy the source in
+        its own logical order into the contiguous output."""
+        t = self.boundary(source)
+        lay = t.layout
+        self.emit_copy(t, lay.offset, lay.strides, 0, _c_strides(lay.shape), lay.shape)
+
+    def gen_movement(self) -> None:
+        node = self.body[self.root]
+        out_shape = tuple(self.k.info.shape)
+        out_strides = _c_strides(out_shape)
+        rank = len(out_shape)
+        m = self.m
+        if node.op == "Concat":
+            axis = node.attrs["axis"]
+            axis = axis + rank if axis < 0 else axis
+            at = 0
+            for arg in node.args:
+                t = self.boundary(arg)
+                lay = t.layout
+                self.emit_copy(t, lay.offset, lay.strides, m.int_param(at * out_strides[axis]),
+                               out_strides, lay.shape)
+                at += lay.shape[axis]
+            return
+        if node.op == "Pad":
+            if node.attrs.get("mode", "constant") != "constant":
+                raise Unsupported("Pad that is not constant")
+            t = self.boundary(node.args[0])
+            lay = t.layout
+            r = len(lay.shape)
+            pads = [int(v) for v in node.attrs["pads"]]
+            if len(pads) != 2 * r:
+                raise Unsupported("Pad with axes")
+            before, after = pads[:r], pads[r:]
+            shape, offset = [], lay.offset
+            for d in range(r):           # negative pads crop the source
+                lo, hi = max(-before[d], 0), max(-after[d], 0)
+                shape.append(lay.shape[d] - lo - hi)
+                offset += lo * lay.strides[d]
+            dst = sum(max(b, 0) * s_ for b, s_ in zip(before, out_strides))
+            if any(b > 0 for b in before) or any(e > 0 for e in after):
+                value = node.attrs.get("value")
+                value = np.asarray(0 if value is None else value).reshape(-1)[:1]
+                value = value[0] if value.size else 0
+                lit = self.literal(value, self.out_dtype)
+                m.lines.append(f"for i in range({m.int_param(int(np.prod(out_shape)))}):")
+                m.lines.append(f"    out[U(i)] = {self.store_expr(lit)}")
+            self.emit_copy(t, offset, lay.strides, m.int_param(dst), out_strides, shape)
+            return
+        if node.op == "Gather":
+            t = self.boundary(node.args[0])
+            ti = self.boundary(node.args[1])
+            lay = t.layout
+            r = len(lay.shape)
+            axis = node.attrs["axis"]
+            axis = axis + r if axis < 0 else axis
+            if not ti.layout.contiguous or ti.dtype not in ("int64", "int32"):
+                raise Unsupported("Gather indices")
+            # out = data[:axis] + indices + data[axis+1:] (the index rank from the output: a
+            # folded scalar index may be stored with shape (1,))
+            irank = rank - (r - 1)
+            ni = int(np.prod(out_shape[axis:axis + irank], dtype=np.int64))
+            if irank < 0 or ti.layout.size != ni:
+                raise Unsupported("Gather shapes")
+            inner = int(np.prod(lay.shape[axis + 1:], dtype=np.int64))
+            n_axis = lay.shape[axis]
+            shape = lay.shape[:axis] + lay.shape[axis + 1:]
+            src_strides = lay.strides[:axis] + lay.strides[axis + 1:]
+            dst_strides = tuple(out_strides[:axis]) + tuple(out_strides[axis + irank:])
+            m.lines.append(f"N = {m.int_param(n_axis)}")
+            m.lines.append(f"for j in range({m.int_param(ni)}):")
+            idx = self.load_expr(ti, f"{m.int_param(ti.layout.offset)} + j")
+            m.lines.append(f"    k = np.int64({idx})")
+            m.lines.append("    k = k + N if k < 0 else k")
+            m.lines.append("    if k < 0 or k >= N:")
+            m.lines.append("        raise IndexError('Gather: index out of range')")
+            self.emit_copy(t, f"{m.int_param(lay.offset)} + k * {m.int_param(lay.strides[axis])}",
+                           src_strides, f"j * {m.int_param(inner)}", dst_strides, shape,
+                           "    ")
+            return
+        raise Unsupported(f"movement op {node.op}")
+
+    def literal(self, value, dtype: str) -> str:
+        value = np.asarray(value).reshape(())
+        if dtype in ("float32", "float16"):
+            return _flit(float(value))
+        if dtype == "bool":
+            return "True" if bool(value) else "False"
+        if dtype in _NP_TYPES:
+            kind = np.dtype(dtype).kind
+            v = float(value) if kind == "f" else int(value)
+            return f"{_NP_TYPES[dtype]}({v!r})"
+        raise Unsupported(f"literal of {dtype}")
+
+    def streams(self, numel: int) -> bool:
+        """Whether this kernel writes its output with non-temporal stores: a float32 output
+        large enough that keeping it in cache helps no reader (a graph output of at least
+        STREAM_MIN_OUTPUT elements, any buffer of at least STREAM_MIN_BUFFER), on x86 with
+        AVX-512."""
+        from .kernels_numba import WIDE_VECTORS
+        if not WIDE_VECTORS or self.out_stored != "float32" or self.out_dtype != "float32":
+            return False
+        if any(node.op not in _STREAM_OPS for node in self.body):
+            return False        # compute-bound bodies measured slower through the L1 tile
+        root = self.b.layouts[self.k.output].storage
+        limit = STREAM_MIN_OUTPUT if root in self.b.external else STREAM_MIN_BUFFER
+        return numel >= limit
+
+    def stream_elementwise(self, R, C, hoist, values, nodes, uses, space) -> None:
+        """The elementwise loop computing tiles in L1 that K.stream_out writes out."""
+        from .kernels_numba import STREAM_TILE
+        m = self.m
+        ws = self.alloc(STREAM_TILE)
+        m.lines.append(f"T = WS[{ws}:{ws} + {m.int_param(STREAM_TILE)}]")
+        self._loads = {}               # the loads are emitted anew at this nesting
+        hoist.clear()
+        values.clear()
+        if C <= STREAM_TILE:
+            inner = self.emit_nodes(nodes, uses, space, values, "            ", "r", "c", hoist)
+            m.lines.append(f"TR = {m.int_param(max(1, STREAM_TILE // max(C, 1)))}")
+            m.lines.append("for r0 in range(0, R, TR):")
+            m.lines.append("    r1 = min(r0 + TR, R)")
+            m.lines.append("    for r in range(r0, r1):")
+            m.lines += ["        " + h for h in hoist]
+            m.lines.append("        b = (r - r0) * C")
+            m.lines.append("        for c in range(C):")
+            m.lines += inner
+            m.lines.append(f"            T[U(b + c)] = {values[self.root]}")
+            m.lines.append("    K.stream_out(out, r0 * C, T, (r1 - r0) * C)")
+        else:
+            inner = self.emit_nodes(nodes, uses, space, values, "            ", "r", "c", hoist)
+            m.lines.append(f"TC = {m.int_param(STREAM_TILE)}")
+            m.lines.append("for r in range(R):")
+            m.lines += ["    " + h for h in hoist]
+            m.lines.append("    for c0 in range(0, C, TC):")
+            m.lines.append("        c1 = min(c0 + TC, C)")
+            m.lines.append("        for c in range(c0, c1):")
+            m.lines += inner
+            m.lines.append(f"            T[U(c - c0)] = {values[self.root]}")
+            m.lines.append("        K.stream_out(out, r * C + c0, T, c1 - c0)")
+        m.lines.append("K.sfence()")
 
     def needed(self, root: int) -> list[int]:
         """The body nodes `root` depends on (itself included)."""
@@ -718,9 +958,9 @@ class KernelGen:
         lines = [f"{indent}for r in range(r0, r1):"]
         lines += [f"{indent}    {h}" for h in hoist]
         lines.append(f"{indent}    for c in range(EC):")
-        lines.append(f"{indent}        acc_v = {acc_name}[{acc_index}]")
+        lines.append(f"{indent}        acc_v = {acc_name}[U({acc_index})]")
         lines += inner
-        lines.append(f"{indent}        out[r * EC + c] = {self.store_expr(last)}")
+        lines.append(f"{indent}        out[U(r * EC + c)] = {self.store_expr(last)}")
         return lines, space
 
     def anchor_tensor(self, a: int, slot: int) -> Tensor:
@@ -772,7 +1012,7 @@ class KernelGen:
         m.lines.append(f"            b_ = {m.int_param(lay.offset)} + i0 * {steps[0]} + "
                        f"i1 * {steps[1]} + i2 * {steps[2]}")
         m.lines.append(f"            for i3 in range({dims[3]}):")
-        m.lines.append(f"                {name}[k_ + i3] = "
+        m.lines.append(f"                {name}[U(k_ + i3)] = "
                        f"{self.load_expr(t, f'b_ + i3 * {steps[3]}')}")
         m.lines.append(f"            k_ += {dims[3]}")
         return name
@@ -886,58 +1126,79 @@ class KernelGen:
             if space.cols != N:
                 raise Unsupported("epilogue column blocking")
         m.lines.append(f"EC = {m.int_param(N)}")
-        A = self.f32_input(ta, "A")
-        m.lines.append(f"A2 = A.reshape(({m.int_param(int(np.prod(sa[:-1])))}, "
-                       f"{m.int_param(Kd)}))")
-        if b_const:
+        batch = int(np.prod(mshape[:-2])) if len(mshape) > 2 else 1
+        epi_fn = ["    " + line for line in lines_epi]
+        if b_const and len(sb) == 2:
+            # one GEMM over all rows of A (batch folded into M), in row blocks
+            A = self.f32_input(ta, "A")
+            m.lines.append(f"A2 = A.reshape(({m.int_param(int(np.prod(sa[:-1])))}, "
+                           f"{m.int_param(Kd)}))")
             bkey = ("B", self.k.name)
             value = Bv if node.op == "Gemm" else np.ascontiguousarray(
                 np.asarray(self.b.constants[tb.storage], dtype=np.float32).reshape(sb))
             Bname = m.array(bkey, ("array", np.ascontiguousarray(value, dtype=np.float32)))
-        else:
-            Bname = self.f32_input(tb, "B")
-        block = max(8, min(M, (1 << 16) // max(N, 1)))
-        batch_a = int(np.prod(sa[:-2])) if len(sa) > 2 else 1
-        batch = int(np.prod(mshape[:-2])) if len(mshape) > 2 else 1
-        epi_fn = ["    " + line for line in lines_epi]
-        if b_const and (len(sb) == 2):
-            # one GEMM over all rows of A (batch folded into M), in row blocks
             rows = batch * M
             m.lines.append(f"RT = {m.int_param(rows)}")
-            m.lines.append(f"BM = {m.int_param(block)}")
+            m.lines.append(f"BM = {m.int_param(_gemm_block(rows, N))}")
             m.lines.append(f"for r0 in range(0, RT, BM):")
             m.lines.append(f"    r1 = min(r0 + BM, RT)")
             m.lines.append(f"    np.dot(A2[r0:r1], {Bname}, {acc}[r0 * EC:r1 * EC]"
                            f".reshape((r1 - r0, EC)))")
             m.lines += epi_fn
             return
-        # batched: broadcast batch dims, 2-D GEMM per batch
-        if len(sb) == 2 and not b_const:
-            pass
-        sb_full = tuple(sb)
+        # batched: broadcast batch dims, one strided GEMM per batch (K.gemm takes leading dims
+        # and transposes, so transposed or sliced views of buffers need no packing copy)
         if len(sa) - 2 > len(mshape) - 2 or len(sb) - 2 > len(mshape) - 2:
             raise Unsupported("batch dims")
-        bdims = mshape[:-2]
-        sa_b = (1,) * (len(bdims) - (len(sa) - 2)) + tuple(sa[:-2])
-        sb_b = (1,) * (len(bdims) - (len(sb) - 2)) + tuple(sb[:-2])
-        if b_const:
-            m.lines.append(f"B = {Bname}")
-        m.lines.append(f"B3 = B.reshape(({m.int_param(int(np.prod(sb[:-2])) if len(sb) > 2 else 1)}, "
-                       f"{m.int_param(Kd)}, {m.int_param(N)}))")
-        m.lines.append(f"A3 = A.reshape(({m.int_param(batch_a)}, {m.int_param(M)}, "
-                       f"{m.int_param(Kd)}))")
-        # batch index -> A batch, B batch (row-major over bdims with broadcasting)
-        ta_idx = _batch_map(bdims, sa_b)
-        tb_idx = _batch_map(bdims, sb_b)
+        bdims = tuple(mshape[:-2])
+        operands = []
+        for t, name in ((ta, "A"), (tb, "B")):
+            view = self.blas_view(t, bdims)
+            if view is None:             # pack into contiguous float32 workspace
+                if t.storage in self.b.constants and name == "B":
+                    arr = m.array(("B", self.k.name), ("array", np.ascontiguousarray(
+                        np.asarray(self.b.constants[t.storage], dtype=np.float32).reshape(sb))))
+                else:
+                    arr = self.f32_input(t, name)
+                shp = t.layout.shape
+                sub = (1,) * (len(bdims) - (len(shp) - 2)) + tuple(shp[:-2])
+                table = _batch_map(bdims, sub) * int(shp[-2] * shp[-1])
+                view = (0, max(int(shp[-1]), 1), table, arr)
+            operands.append(view)
+        (tra, lda, tab_a, arr_a), (trb, ldb, tab_b, arr_b) = operands
         m.lines.append(f"M = {m.int_param(M)}")
-        ta_t = m.table(ta_idx)
-        tb_t = m.table(tb_idx)
+        off_a = self.row_base(tab_a, "bi")
+        off_b = self.row_base(tab_b, "bi")
         m.lines.append(f"for bi in range({m.int_param(batch)}):")
         m.lines.append(f"    r0 = bi * M")
         m.lines.append(f"    r1 = r0 + M")
-        m.lines.append(f"    np.dot(A3[G[{ta_t} + bi]], B3[G[{tb_t} + bi]], "
-                       f"{acc}[r0 * EC:r1 * EC].reshape((M, EC)))")
+        m.lines.append(f"    K.gemm({tra}, {trb}, M, EC, {m.int_param(Kd)}, F32(1), {arr_a}, {off_a}, "
+                       f"{m.int_param(lda)}, {arr_b}, {off_b}, {m.int_param(ldb)}, F32(0), "
+                       f"{acc}, r0 * EC, EC)")
         m.lines += epi_fn
+
+    def blas_view(self, t: Tensor, bdims: tuple) -> tuple | None:
+        """(transposed, leading dim, element offset per batch, array) when BLAS can read the
+        matrices of t (last two dims, batch dims broadcast over `bdims`) where they are."""
+        lay = t.layout
+        if t.stored != "float32" or t.dtype != "float32" or len(lay.shape) < 2:
+            return None
+        rows, cols = lay.shape[-2], lay.shape[-1]
+        sr, sc = lay.strides[-2], lay.strides[-1]
+        if cols == 1 or sc == 1:
+            trans, ld = 0, (sr if rows > 1 else max(cols, 1))
+            if ld < max(cols, 1):
+                return None
+        elif rows == 1 or sr == 1:
+            trans, ld = 1, (sc if cols > 1 else max(rows, 1))
+            if ld < max(rows, 1):
+                return None
+        else:
+            return None
+        blay = Layout(lay.storage, lay.offset, tuple(lay.shape[:-2]), tuple(lay.strides[:-2]))
+        blay = _broadcast_layout(blay, bdims)
+        table = _row_table(blay, len(bdims)) if bdims else np.array([lay.offset], np.int64)
+        return trans, int(ld), table, self.storage_array(t)
 
     def gen_conv(self, a: int, prologue: list[int], epilogue: list[int]) -> None:
         node = self.body[a]
@@ -1017,11 +1278,16 @@ class KernelGen:
             m.lines += ["        " + line for line in lines_epi]
             return
         K_ = Cg * kh * kw
-        wname = m.array(("W", self.k.name),
-                        ("array", np.ascontiguousarray(wv.reshape(G, Mg, K_))))
         direct = kh == 1 and kw == 1 and sh == 1 and sw == 1 and not any(attrs["pads"]) \
             and dh == 1 and dw == 1
-        block = max(8, min(Mg, (1 << 16) // max(P, 1)))
+        Hp, Wp = H + ph + pe_h, W + pw + pe_w
+        if not direct and sh == 1 and sw == 1 and Wp <= SHIFTED_MAX_WIDTH_RATIO * OW \
+                and OH * OW >= SHIFTED_MIN_PIXELS:
+            return self.conv_shifted(wv, tx, X, acc, lines_epi, N, C, H, W, M, G, Cg, Mg, kh,
+                                     kw, ph, pw, dh, dw, OH, OW, Hp, Wp)
+        wname = m.array(("W", self.k.name),
+                        ("array", np.ascontiguousarray(wv.reshape(G, Mg, K_))))
+        block = _gemm_block(Mg, P)
         m.lines.append(f"GR = {m.int_param(G)}")
         m.lines.append(f"CG = {m.int_param(Cg)}")
         m.lines.append(f"MG = {m.int_param(Mg)}")
@@ -1045,6 +1311,44 @@ class KernelGen:
         m.lines.append(f"            np.dot({wname}[g, m0:m1], COLS, "
                        f"{acc}[r0 * EC:r1 * EC].reshape((m1 - m0, EC)))")
         m.lines += ["            " + line for line in lines_epi]
+
+    def conv_shifted(self, wv, tx, X, acc, lines_epi, N, C, H, W, M, G, Cg, Mg, kh, kw, ph, pw,
+                     dh, dw, OH, OW, Hp, Wp) -> None:
+        """A stride-1 Conv as kh*kw accumulating GEMMs over shifted views of the zero-padded
+        input (no im2col matrix, which is kh*kw times the input): with the output computed
+        on rows of the padded width Wp, tap (i, j) reads the padded planes from offset
+        i*dh*Wp + j*dw as one (Cg x OH*Wp) matrix. The Wp - OW extra columns per row are
+        dropped when the rows are compacted into the accumulator, then the epilogue runs."""
+        m = self.m
+        PP = OH * Wp
+        plane = Hp * Wp
+        wt = np.ascontiguousarray(wv.reshape(G, Mg, Cg, kh, kw).transpose(0, 3, 4, 1, 2))
+        wname = m.array(("WT", self.k.name), ("array", wt.reshape(-1)))
+        xp = self.alloc(Cg * plane + (kw - 1) * dw + 16)
+        op = self.alloc(Mg * PP)
+        m.lines.append(f"XP = WS[{xp}:{xp} + {m.int_param(Cg * plane + (kw - 1) * dw + 16)}]")
+        m.lines.append(f"OP = WS[{op}:{op} + {m.int_param(Mg * PP)}]")
+        geo = ", ".join(m.int_param(v) for v in (Cg, H, W, ph, pw, Hp, Wp))
+        m.lines.append("for n in range(NB):")
+        m.lines.append(f"    for g in range({m.int_param(G)}):")
+        m.lines.append(f"        K.pad_planes(X, (n * CI + g * {m.int_param(Cg)}) * HW, {geo}, XP)")
+        first = True
+        for i in range(kh):
+            for j in range(kw):
+                w_off = m.int_param(((0 * kh + i) * kw + j) * Mg * Cg)
+                step = m.int_param(kh * kw * Mg * Cg)
+                m.lines.append(
+                    f"        K.gemm(0, 0, {m.int_param(Mg)}, {m.int_param(PP)}, "
+                    f"{m.int_param(Cg)}, F32(1), {wname}, g * {step} + {w_off}, "
+                    f"{m.int_param(Cg)}, XP, {m.int_param(i * dh * Wp + j * dw)}, "
+                    f"{m.int_param(plane)}, F32({0.0 if first else 1.0}), OP, 0, "
+                    f"{m.int_param(PP)})")
+                first = False
+        m.lines.append(f"        r0 = n * MO + g * {m.int_param(Mg)}")
+        m.lines.append(f"        r1 = r0 + {m.int_param(Mg)}")
+        m.lines.append(f"        K.compact_rows(OP, {m.int_param(Mg)}, {m.int_param(OH)}, "
+                       f"{m.int_param(OW)}, {m.int_param(Wp)}, {acc}, r0 * EC)")
+        m.lines += ["        " + line for line in lines_epi]
 
     def gen_rows(self, a: int, prologue: list[int], epilogue: list[int]) -> None:
         """Softmax / LayerNormalization, one row at a time with prologue and epilogue."""
@@ -1083,6 +1387,7 @@ class KernelGen:
         m.lines.append(f"C = {m.int_param(C)}")
         ws = self.alloc(C)
         m.lines.append(f"ROW = WS[{ws}:{ws} + C]")
+        m.lines.append("PART = np.empty(K.LANES, np.float32)")
         m.lines.append("for r in range(R):")
         hoist: list[str] = []
         values: dict[int, str] = {}
@@ -1093,34 +1398,20 @@ class KernelGen:
             xval = self.operand_expr(a, 0, x_arg, {(a, 0): _broadcast_layout(
                 self.tensor(x_arg).layout, shape)}, space, "r", "c", hoist, pro, "        ")
         m.lines += ["    " + h for h in hoist]
+        # the row (prologue applied) goes to ROW; its statistics in 16-lane reductions
+        m.lines.append("    for c in range(C):")
+        m.lines += pro
+        m.lines.append(f"        ROW[c] = F32({xval})")
         if node.op == "Softmax":
-            m.lines.append("    mx = -np.inf")
-            m.lines.append("    for c in range(C):")
-            m.lines += pro
-            m.lines.append(f"        xv = F32({xval})")
-            m.lines.append("        ROW[c] = xv")
-            m.lines.append("        mx = xv if xv > mx else mx")
-            m.lines.append("    mx = F32(0) if mx == -np.inf else mx")
-            m.lines.append("    s = F32(0)")
-            m.lines.append("    for c in range(C):")
-            m.lines.append("        e = exp_f32(ROW[c] - mx)")
-            m.lines.append("        ROW[c] = e")
-            m.lines.append("        s += e")
-            m.lines.append("    inv = F32(1) / s")
+            m.lines.append("    mx = K.row_max(ROW, C, PART)")
+            m.lines.append("    mx = F32(0) if mx == F32(-np.inf) else mx")
+            m.lines.append("    K.exp_shift(ROW, C, mx)")
+            m.lines.append("    inv = F32(1) / K.row_sum(ROW, C, PART)")
             scale_expr = "ROW[c] * inv"
         else:
             eps = _flit(node.attrs["epsilon"])
-            m.lines.append("    s = F32(0)")
-            m.lines.append("    for c in range(C):")
-            m.lines += pro
-            m.lines.append(f"        xv = F32({xval})")
-            m.lines.append("        ROW[c] = xv")
-            m.lines.append("        s += xv")
-            m.lines.append("    mean = s / F32(C)")
-            m.lines.append("    q = F32(0)")
-            m.lines.append("    for c in range(C):")
-            m.lines.append("        d = ROW[c] - mean")
-            m.lines.append("        q += d * d")
+            m.lines.append("    mean = K.row_sum(ROW, C, PART) / F32(C)")
+            m.lines.append("    q = K.row_sumsq(ROW, C, mean, PART)")
             m.lines.append(f"    inv = F32(1) / np.sqrt(q / F32(C) + {eps})")
             # scale and bias: vectors over the normalized dims
             sc = self.row_vector(node.args[1], shape[axis:])
@@ -1136,7 +1427,7 @@ class KernelGen:
         m.lines.append("    for c in range(C):")
         m.lines.append(f"        y = {scale_expr}")
         m.lines += epi
-        m.lines.append(f"        out[r * C + c] = {self.store_expr(last)}")
+        m.lines.append(f"        out[U(r * C + c)] = {self.store_expr(last)}")
 
     def _replan(self, nodes, shape, split):
         uses: dict[tuple, Layout] = {}
@@ -1195,7 +1486,7 @@ class KernelGen:
         m.lines.append(f"C = {m.int_param(C)}")
         hoist: list[str] = []
         values: dict[int, str] = {}
-        pro = self.emit_nodes(prologue, uses_p, space_p, values, "        ", "r", "c", hoist)
+        pro = self.emit_nodes(prologue, uses_p, space_p, values, "            ", "r", "c", hoist)
         if x_arg.kind == "node":
             xval = values[x_arg.ref]
         else:
@@ -1203,7 +1494,7 @@ class KernelGen:
             if _column_split([lay], in_shape, rank - first) > first:
                 raise Unsupported("reduction input strides")
             xval = self.operand_expr(a, 0, x_arg, {(a, 0): lay}, space_p, "r", "c", hoist,
-                                     pro, "        ")
+                                     pro, "            ")
         # epilogue over the output, one element per row
         eshape = out_shape
         uses_e, space_e = self._replan(epilogue, eshape, len(eshape))
@@ -1211,16 +1502,28 @@ class KernelGen:
         hoist_e: list[str] = []
         epi = self.emit_nodes(epilogue, uses_e, space_e, values_e, "    ", "r", None, hoist_e)
         last = values_e[epilogue[-1]] if epilogue else "y"
+        # the sum in 16 lanes (independent chains LLVM vectorizes), then the remainder
+        m.lines.append("PART = np.empty(K.LANES, np.float32)")
+        m.lines.append(f"CF = C - C % K.LANES")
         m.lines.append("for r in range(R):")
         m.lines += ["    " + h for h in hoist]
-        m.lines.append("    s = F32(0)")
-        m.lines.append("    for c in range(C):")
+        m.lines.append("    for k in range(K.LANES):")
+        m.lines.append("        PART[k] = F32(0)")
+        m.lines.append("    for c0 in range(0, CF, K.LANES):")
+        m.lines.append("        for k in range(K.LANES):")
+        m.lines.append("            c = c0 + k")
         m.lines += pro
+        m.lines.append(f"            PART[k] += {xval}")
+        m.lines.append("    s = F32(0)")
+        m.lines.append("    for k in range(K.LANES):")
+        m.lines.append("        s += PART[k]")
+        m.lines.append("    for c in range(CF, C):")
+        m.lines += [line[4:] for line in pro]
         m.lines.append(f"        s += {xval}")
         m.lines.append("    y = s / F32(C)" if mean else "    y = s")
         m.lines += ["    " + h for h in hoist_e]
         m.lines += epi
-        m.lines.append(f"    out[r] = {self.store_expr(last)}")
+        m.lines.append(f"    out[U(r)] = {self.store_expr(last)}")
 
     def value_shape(self, arg: Operand) -> tuple[int, ...]:
         """The shape of an operand, or of an inline elementwise value (NumPy broadcasting)."""
@@ -1279,6 +1582,99 @@ def _batch_map(bdims, sub) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(idx, bdims).reshape(-1))
 
 
+# ---- program segments: many kernel calls in one compiled function ----------------------------
+
+_DTYPE_EXPR = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64",
+               "int32": "np.int32", "int16": "np.int16", "int8": "np.int8", "uint8": "np.uint8",
+               "uint16": "np.uint16", "uint32": "np.uint32", "uint64": "np.uint64",
+               "bool": "np.bool_"}
+
+
+@dataclass
+class KernelCall:
+    """One call of a compiled kernel inside a segment, its arguments described by where they live:
+
+    ("arena", byte offset, elements, dtype) | ("const", index in P, shape, dtype) |
+    ("dyn", index among the segment's dynamic arrays, dtype) | ("gp", start, stop) |
+    ("fp", start, stop) | ("scratch",)    (dtype as stored: float16 is "uint16")
+    """
+
+    fn: Any
+    digest: str
+    args: list
+
+    def example(self) -> tuple:
+        """Arrays of the argument types (what the kernel is compiled for)."""
+        out = []
+        for spec in self.args:
+            kind = spec[0]
+            if kind == "arena" or kind == "dyn":
+                out.append(np.empty(1, np.dtype(spec[-1])))
+            elif kind == "const":
+                out.append(np.empty((1,) * max(len(spec[2]), 1), np.dtype(spec[3])))
+            elif kind == "gp":
+                out.append(np.empty(1, np.int64))
+            else:
+                out.append(np.empty(1, np.float32))
+        return tuple(out)
+
+
+def segment_source(calls: list[KernelCall], dynamic: int) -> tuple[str, list[str]]:
+    """The module of one segment: imports of its kernels, then one call per kernel."""
+    names: dict[str, str] = {}
+    for call in calls:
+        names.setdefault(call.digest, f"k{len(names)}")
+    lines = [
+        "# generated by eqsat_fuse.backend_numba: kernel calls of one program segment",
+        f"# runtime {RUNTIME_DIGEST}",
+        "import sys",
+        "import numpy as np",
+        "from numba import njit, carray",
+        "from eqsat_fuse.kernels_numba import address",
+        "",
+    ]
+    lines += [f'{name} = sys.modules["eqsat_fuse_kernel_{digest}"].kernel'
+              for digest, name in names.items()]
+    params = ["P", "GP", "FP"] + [f"D{i}" for i in range(dynamic)]
+    lines += ["", "", "@njit(cache=True, error_model='numpy')",
+              f"def segment({', '.join(params)}):", "    a = P[0]"]
+    for call in calls:
+        args = []
+        for spec in call.args:
+            kind = spec[0]
+            if kind == "arena":
+                _, offset, numel, dtype = spec
+                args.append(f"carray(address(a + {offset}), {numel}, {_DTYPE_EXPR[dtype]})")
+            elif kind == "const":
+                _, index, shape, dtype = spec
+                shape_expr = "(" + "".join(f"{int(n)}, " for n in shape) + ")" if shape \
+                    else "1"
+                args.append(f"carray(address(P[{index}]), {shape_expr}, {_DTYPE_EXPR[dtype]})")
+            elif kind == "dyn":
+                args.append(f"D{spec[1]}")
+            elif kind == "gp":
+                args.append(f"GP[{spec[1]}:{spec[2]}]")
+            elif kind == "fp":
+                args.append(f"FP[{spec[1]}:{spec[2]}]")
+            else:
+                args.append("carray(address(P[1]), 1, np.float32)")
+        lines.append(f"    {names[call.digest]}({', '.join(args)})")
+    return "\n".join(lines) + "\n", list(names)
+
+
+def _runtime_digest() -> str:
+    """A hash of the hand-written code generated modules call (approx, kernels_numba): it goes
+    into every generated source, so editing them never reuses stale cached machine code."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in ("approx.py", "kernels_numba.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+RUNTIME_DIGEST = _runtime_digest()
+
+
 # ---- the backend: sources, cache, compile, bind -----------------------------------------------
 
 class NumbaBackend:
@@ -1295,6 +1691,7 @@ class NumbaBackend:
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.threads = threads if threads is not None else numba.get_num_threads()
         self.synthetic: dict[Any, Tensor] = {}
+        self.external = {layouts[ref].storage for ref in plan.outputs.values() if ref in layouts}
         self.stats = JitStats()
         self.modules: dict[str, Any] = {}
 
@@ -1341,8 +1738,13 @@ class NumbaBackend:
         if kernel.info.dtype not in ("float32", "float64", "int64", "int32", "bool") and \
                 gen.out_stored != "float16":
             raise Unsupported(f"output dtype {kernel.info.dtype}")
-        gen.resolve_views()
-        gen.generate()
+        if kernel.kind == "alias":          # a view strides cannot express: a copy
+            if len(body) != 1 or not body[0].args:
+                raise Unsupported("alias kernel")
+            gen.gen_copy(body[0].args[0])
+        else:
+            gen.resolve_views()
+            gen.generate()
         source = gen.m.source()
         fn, digest = self.load(source)
         impl = Impl(fn=fn, args=gen.m.arrays, workspace_bytes=4 * gen.workspace,
@@ -1354,18 +1756,20 @@ class NumbaBackend:
         self.stats.kernels += 1
         return impl
 
-    def load(self, source: str):
+    def load(self, source: str, prefix: str = "kernel"):
+        """The function of a generated module (written to the cache folder, named by hash)."""
         digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-        if digest in self.modules:
-            return self.modules[digest], digest
+        key = f"{prefix}_{digest}"
+        if key in self.modules:
+            return self.modules[key], digest
         folder = self.cache_dir
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"k_{digest}.py"
+        path = folder / f"{prefix[0]}_{digest}.py"
         if not path.exists():
-            tmp = folder / f".k_{digest}.{os.getpid()}.tmp"
+            tmp = folder / f".{prefix[0]}_{digest}.{os.getpid()}.tmp"
             tmp.write_text(source)
             os.replace(tmp, path)
-        name = f"eqsat_fuse_kernel_{digest}"
+        name = f"eqsat_fuse_{prefix}_{digest}"
         module = sys.modules.get(name)
         if module is None:
             spec = importlib.util.spec_from_file_location(name, path)
@@ -1376,9 +1780,27 @@ class NumbaBackend:
             except Exception:
                 del sys.modules[name]
                 raise
-        self.modules[digest] = module.kernel
+        fn = getattr(module, prefix)
+        self.modules[key] = fn
         self.stats.sources += 1
-        return module.kernel, digest
+        return fn, digest
+
+    def segment(self, calls: list["KernelCall"], dynamic: list[tuple[str, np.dtype]]):
+        """One compiled function that runs `calls` in order: `fn(P, GP, FP, *dynamic arrays)`.
+
+        Python then pays one dispatch per segment instead of one per kernel. `P` holds the
+        arena's address (P[0]), a scratch vector's (P[1]) and each constant's; `GP`/`FP` are
+        every kernel's integer and float parameters end to end; the dynamic arrays are the
+        graph inputs and outputs the calls touch (flat, float16 as uint16).
+        """
+        source, kernels = segment_source(calls, len(dynamic))
+        for call in calls:                 # compile (or load) each kernel for its argument types
+            self.compile(call.fn, call.example())
+        fn, _ = self.load(source, "segment")
+        example = (np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.float32),
+                   *[np.empty(1, dtype) for _, dtype in dynamic])
+        self.compile(fn, example)
+        return fn
 
     def compile(self, fn, args: tuple) -> None:
         """Compile (or load from the disk cache) `fn` for the types of `args`."""

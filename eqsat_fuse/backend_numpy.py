@@ -35,8 +35,18 @@ def evaluate_body(body: list[BodyNode], operand_value: Callable[[Operand], Any],
     return values[-1]
 
 
+# Opaque ONNX ops whose semantics are exactly one NumPy function of broadcast inputs (no
+# attributes): run directly instead of through onnx.reference's graph machinery.
+_DIRECT_OPAQUE: dict[str, Callable] = {
+    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "Not": np.logical_not,
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal, "IsNaN": np.isnan,
+}
+
+
 class OpaqueNodes:
-    """Runs the plan's Opaque nodes through onnx.reference, one runner per node."""
+    """Runs the plan's Opaque nodes through onnx.reference, one runner per node (a few plain
+    logical/comparison ops directly through NumPy)."""
 
     def __init__(self, plan: KernelPlan, opset: int):
         self.plan = plan
@@ -45,6 +55,9 @@ class OpaqueNodes:
 
     def __call__(self, node: BodyNode, args: list) -> np.ndarray:
         index = node.attrs["node"]
+        direct = self._direct(index)
+        if direct is not None and node.attrs["index"] == 0 and all(a is not None for a in args):
+            return direct(*args)
         if index not in self.runners:
             ir_node = self.plan.opaque_nodes[index]
             types = [None if a is None else (name, a.dtype, a.shape)
@@ -53,6 +66,13 @@ class OpaqueNodes:
             self.runners[index] = NodeRunner(ir_node.onnx_node, types,
                                              [helper.make_opsetid("", self.opset)])
         return self.runners[index].run(args)[node.attrs["index"]]
+
+    def _direct(self, index: int):
+        onnx_node = self.plan.opaque_nodes[index].onnx_node
+        fn = _DIRECT_OPAQUE.get(onnx_node.op_type)
+        if fn is None or onnx_node.attribute or onnx_node.domain not in ("", "ai.onnx"):
+            return None
+        return fn
 
 
 def make_step(kernel: Kernel, opaque: OpaqueNodes) -> Callable[[dict], np.ndarray]:

@@ -10,16 +10,215 @@ next to BLAS, where OpenMP threads would fight OpenBLAS's (shared/NOTES-kernels.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
-from .approx import f16_to_f32
+from .approx import exp_f32, f16_to_f32
 
+U = np.uint64        # unsigned indices: Numba adds no negative-index wraparound, loops vectorize
 _OPTS = dict(cache=True, error_model="numpy", fastmath={"contract", "nsz", "arcp"})
+
+
+def _host_has_avx512() -> bool:
+    try:
+        import llvmlite.binding as llvm
+        return "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
+    except Exception:           # pragma: no cover - a host llvmlite cannot describe
+        return False
+
+
+WIDE_VECTORS = _host_has_avx512()
+
+
+@intrinsic
+def wide_vectors(typingctx):
+    """Let LLVM vectorize the calling function with 512-bit vectors.
+
+    On AVX-512 CPUs LLVM prefers 256-bit vectors by default (`prefer-vector-width`); for the
+    polynomial exp/tanh/erf loops 512-bit vectors are 1.3-1.9x faster on this machine (see
+    shared/NOTES-kernels.md). The function attributes are set on the function being compiled;
+    CPUs without AVX-512 ignore them.
+    """
+    sig = types.none()
+
+    def codegen(context, builder, signature, args):
+        attrs = builder.function.attributes
+        # llvmlite only accepts its list of enum attributes: add the string ones directly
+        set.add(attrs, '"prefer-vector-width"="512"')
+        set.add(attrs, '"min-legal-vector-width"="512"')
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def address(typingctx, addr):
+    """The integer `addr` as a void pointer, for `numba.carray(address(a), shape, dtype)`.
+
+    Program segments reach the arena and the constants through addresses the program keeps
+    alive, so one call passes a handful of arguments instead of one array per buffer.
+    """
+    sig = types.voidptr(addr)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return sig, codegen
+
+
+# ---- streaming (non-temporal) stores -----------------------------------------------------------
+# A kernel writing a large output with ordinary stores first reads every output line into the
+# cache (read for ownership): 3 bytes of traffic per 2 a memory copy moves. Large outputs are
+# computed into a tile in L1 and written out with non-temporal 64-byte stores instead.
+
+STREAM_TILE = 4096          # float32 elements of the L1 tile
+
+
+@intrinsic
+def _stream16(typingctx, dst, doff, src, soff):
+    """dst[doff:doff+16] = src[soff:soff+16] as one non-temporal 64-byte store (dst aligned)."""
+    sig = types.none(dst, doff, src, soff)
+
+    def codegen(context, builder, signature, args):
+        from numba.np.arrayobj import make_array
+        dstty, _, srcty, _ = signature.args
+        d = make_array(dstty)(context, builder, args[0])
+        s_ = make_array(srcty)(context, builder, args[2])
+        vty = ir.VectorType(ir.FloatType(), 16)
+        sp = builder.bitcast(builder.gep(s_.data, [args[3]]), vty.as_pointer())
+        value = builder.load(sp, align=4)
+        dp = builder.bitcast(builder.gep(d.data, [args[1]]), vty.as_pointer())
+        store = builder.store(value, dp, align=64)
+        store.set_metadata("nontemporal",
+                           builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def sfence(typingctx):
+    """Order the non-temporal stores before whatever reads the output next."""
+    sig = types.none()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                            "llvm.x86.sse.sfence")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(**_OPTS)
+def stream_out(out, start, tile, n):
+    """out[start:start+n] = tile[:n], the 64-byte-aligned middle with non-temporal stores."""
+    wide_vectors()
+    addr = out.ctypes.data + 4 * start
+    head = n
+    if addr % 4 == 0:
+        head = min(((64 - addr % 64) % 64) // 4, n)
+    for i in range(head):
+        out[U(start + i)] = tile[U(i)]
+    i = head
+    while i + 16 <= n:
+        _stream16(out, U(start + i), tile, U(i))
+        i += 16
+    for j in range(i, n):
+        out[U(start + j)] = tile[U(j)]
+
+
+# ---- BLAS sgemm with strides, transposes and beta (SciPy's OpenBLAS, what np.dot uses) ----------
+
+def _register_sgemm() -> None:
+    """Make SciPy's Fortran sgemm callable by the symbol name `eqsat_fuse_sgemm`: compiled code
+    refers to the name, which LLVM resolves in each process, so kernels that call it can be
+    cached on disk (a ctypes pointer would be a per-process constant, which Numba refuses to
+    cache)."""
+    import llvmlite.binding as llvm
+    from numba.extending import get_cython_function_address
+    llvm.add_symbol("eqsat_fuse_sgemm",
+                    get_cython_function_address("scipy.linalg.cython_blas", "sgemm"))
+
+
+_register_sgemm()
+
+
+@intrinsic
+def _sgemm(typingctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """Call sgemm with 13 pointer arguments (given as integer addresses)."""
+    sig = types.none(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+
+    def codegen(context, builder, signature, args):
+        ptr = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [ptr] * 13)
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "eqsat_fuse_sgemm")
+        builder.call(fn, [builder.inttoptr(v, ptr) for v in args])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(**_OPTS)
+def gemm(trans_a, trans_b, m, n, k, alpha, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc):
+    """Row-major C[m, n] = alpha op(A)[m, k] op(B)[k, n] + beta C, on flat float32 arrays.
+
+    A starts at a[a_off] with leading dimension lda (elements between rows of A as stored;
+    op(A) = A.T when trans_a), likewise B and C: a strided or transposed operand needs no copy,
+    and beta=1 accumulates. Fortran BLAS is column-major, so this computes C.T = op(B).T op(A).T.
+    """
+    ints = np.empty(6, np.int32)
+    ints[0] = n
+    ints[1] = m
+    ints[2] = k
+    ints[3] = ldb
+    ints[4] = lda
+    ints[5] = ldc
+    floats = np.empty(2, np.float32)
+    floats[0] = alpha
+    floats[1] = beta
+    chars = np.empty(2, np.uint8)
+    chars[0] = 84 if trans_b else 78          # 'T' / 'N'
+    chars[1] = 84 if trans_a else 78
+    pi = ints.ctypes.data
+    pf = floats.ctypes.data
+    pc = chars.ctypes.data
+    _sgemm(pc, pc + 1, pi, pi + 4, pi + 8, pf, b.ctypes.data + 4 * b_off, pi + 12,
+           a.ctypes.data + 4 * a_off, pi + 16, pf + 4, c.ctypes.data + 4 * c_off, pi + 20)
+
+
+@njit(**_OPTS)
+def pad_planes(x, xoff, C, H, W, ph, pw, Hp, Wp, xp):
+    """xp[c, h, w] (Hp x Wp planes, then a zero tail) = x[c, h - ph, w - pw], 0 outside."""
+    wide_vectors()
+    for i in range(xp.size):
+        xp[U(i)] = np.float32(0)
+    for c in range(C):
+        for h in range(H):
+            d = c * Hp * Wp + (h + ph) * Wp + pw
+            s = xoff + (c * H + h) * W
+            for q in range(W):
+                xp[U(d + q)] = x[U(s + q)]
+
+
+@njit(**_OPTS)
+def compact_rows(src, M, OH, OW, Wp, dst, doff):
+    """dst[doff + (m, oh, ow)] = src[m, oh, ow] for rows of Wp in src, of OW in dst."""
+    wide_vectors()
+    for m in range(M):
+        for h in range(OH):
+            s = (m * OH + h) * Wp
+            d = doff + (m * OH + h) * OW
+            for q in range(OW):
+                dst[U(d + q)] = src[U(s + q)]
 
 
 @njit(**_OPTS)
 def im2col(x, xoff, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, cols):
     """cols[(c, i, j), (oh, ow)] = x[c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (0 outside)."""
+    wide_vectors()
     P = OH * OW
     for c in range(C):
         for i in range(kh):
@@ -30,32 +229,32 @@ def im2col(x, xoff, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, cols):
                     base = row + oh * OW
                     if ih < 0 or ih >= H:
                         for ow in range(OW):
-                            cols[base + ow] = 0.0
+                            cols[U(base + ow)] = 0.0
                         continue
                     src = xoff + (c * H + ih) * W
                     lo = 0
                     # first ow whose input column is >= 0, last one < W
                     while lo < OW and lo * sw - pw + j * dw < 0:
-                        cols[base + lo] = 0.0
+                        cols[U(base + lo)] = 0.0
                         lo += 1
                     hi = OW
                     while hi > lo and (hi - 1) * sw - pw + j * dw >= W:
                         hi -= 1
-                        cols[base + hi] = 0.0
+                        cols[U(base + hi)] = 0.0
                     off = src - pw + j * dw
                     if sw == 1:
                         for ow in range(lo, hi):
-                            cols[base + ow] = x[off + ow]
+                            cols[U(base + ow)] = x[U(off + ow)]
                     else:
                         for ow in range(lo, hi):
-                            cols[base + ow] = x[off + ow * sw]
+                            cols[U(base + ow)] = x[U(off + ow * sw)]
 
 
 @njit(**_OPTS)
 def widen_f16(x, xoff, n, out):
     """out[:n] = float32(x[xoff:xoff+n]) for float16 held as uint16."""
     for i in range(n):
-        out[i] = f16_to_f32(x[xoff + i])
+        out[i] = f16_to_f32(x[U(xoff + i)])
 
 
 @njit(**_OPTS)
@@ -63,37 +262,117 @@ def depthwise2d(x, xoff, w, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, c0, c1
                 accoff):
     """acc[c, oh, ow] = sum_ij w[c, i, j] x[c, ...] for channels c0..c1 (one input channel each).
 
-    `pad` is scratch for one zero-padded plane, so the inner loop has no bounds checks.
+    `pad` is scratch for one zero-padded plane (zeroed once: each channel overwrites only its
+    interior), so the inner loops have no bounds checks. With stride 1 each tap is one flat
+    loop over the output computed on rows of the padded width (long, vectorized loops even
+    for 7x7 planes); the extra columns are dropped when the rows are copied into acc.
     """
+    wide_vectors()
     HP = H + 2 * ph + sh * 2 + dh * kh
     WP = W + 2 * pw + sw * 2 + dw * kw
+    for k in range(HP * (WP + sw)):
+        pad[U(k)] = np.float32(0)
+    flat = sh == 1 and sw == 1
+    tmp = np.empty(OH * WP if flat else 1, np.float32)
     for c in range(c0, c1):
-        for k in range(HP * WP):
-            pad[k] = 0.0
         src = xoff + c * H * W
-        for ih in range(H):
-            for iw in range(W):
-                pad[(ih + ph) * WP + iw + pw] = x[src + ih * W + iw]
         dst = accoff + (c - c0) * OH * OW
+        if flat:
+            for ih in range(H):
+                for iw in range(W):
+                    pad[U((ih + ph) * WP + iw + pw)] = x[U(src + ih * W + iw)]
+            n = OH * WP
+            for q in range(n):
+                tmp[U(q)] = np.float32(0)
+            for i in range(kh):
+                for j in range(kw):
+                    wv = w[U((c * kh + i) * kw + j)]
+                    off = i * dh * WP + j * dw
+                    for q in range(n):
+                        tmp[U(q)] += wv * pad[U(q + off)]
+            for oh in range(OH):
+                for ow in range(OW):
+                    acc[U(dst + oh * OW + ow)] = tmp[U(oh * WP + ow)]
+            continue
+        # stride > 1: the padded plane's columns de-interleaved into sw phases (rows of WQ),
+        # so output column ow of tap j reads phase (j*dw) % sw at (j*dw) // sw + ow: contiguous
+        WQ = (WP + sw - 1) // sw
+        for f in range(sw):
+            # the q whose input column q*sw + f - pw lies in [0, W)
+            qa, qb = _inside(f - pw, sw, WQ, W)
+            for ih in range(H):
+                prow = f * HP * WQ + (ih + ph) * WQ
+                srow = src + ih * W + f - pw
+                if sw == 2:
+                    for q in range(qa, qb):
+                        pad[U(prow + q)] = x[U(srow + 2 * q)]
+                else:
+                    for q in range(qa, qb):
+                        pad[U(prow + q)] = x[U(srow + q * sw)]
         for k in range(OH * OW):
-            acc[dst + k] = 0.0
+            acc[U(dst + k)] = np.float32(0)
         for i in range(kh):
             for j in range(kw):
-                wv = w[(c * kh + i) * kw + j]
+                wv = w[U((c * kh + i) * kw + j)]
+                f = (j * dw) % sw
+                shift = (j * dw) // sw
                 for oh in range(OH):
-                    prow = (oh * sh + i * dh) * WP + j * dw
+                    prow = f * HP * WQ + (oh * sh + i * dh) * WQ + shift
                     orow = dst + oh * OW
-                    if sw == 1:
-                        for ow in range(OW):
-                            acc[orow + ow] += wv * pad[prow + ow]
-                    else:
-                        for ow in range(OW):
-                            acc[orow + ow] += wv * pad[prow + ow * sw]
+                    for ow in range(OW):
+                        acc[U(orow + ow)] += wv * pad[U(prow + ow)]
 
 
 def depthwise_pad_size(H, W, kh, kw, sh, sw, ph, pw, dh, dw) -> int:
     """Elements of the padded-plane scratch `depthwise2d` needs."""
-    return (H + 2 * ph + sh * 2 + dh * kh) * (W + 2 * pw + sw * 2 + dw * kw)
+    return (H + 2 * ph + sh * 2 + dh * kh) * (W + 2 * pw + sw * 3 + dw * kw)
+
+
+@njit(**_OPTS)
+def _taps(o, s, p, d, k, lo, hi):
+    """The range [a, b) of window taps i in [0, k) with lo <= o*s - p + i*d < hi."""
+    base = o * s - p
+    a = 0
+    if base < lo:
+        a = (lo - base + d - 1) // d
+    b = k
+    if base + (k - 1) * d >= hi:
+        b = (hi - base + d - 1) // d if hi > base else 0
+    a = min(max(a, 0), k)
+    b = min(max(b, a), k)
+    return a, b
+
+
+@njit(**_OPTS)
+def _pool_taps(acc, k0, x, base, oa, ob, sw, is_max):
+    """acc[k0 + ow] = max or sum with x[base + ow*sw] for ow in [oa, ob) (constant strides
+    1 and 2 get their own loops, which LLVM vectorizes)."""
+    if is_max:
+        if sw == 1:
+            for ow in range(oa, ob):
+                v = x[U(base + ow)]
+                b = acc[U(k0 + ow)]
+                acc[U(k0 + ow)] = v if (v > b or v != v) else b
+        elif sw == 2:
+            for ow in range(oa, ob):
+                v = x[U(base + 2 * ow)]
+                b = acc[U(k0 + ow)]
+                acc[U(k0 + ow)] = v if (v > b or v != v) else b
+        else:
+            for ow in range(oa, ob):
+                v = x[U(base + ow * sw)]
+                b = acc[U(k0 + ow)]
+                acc[U(k0 + ow)] = v if (v > b or v != v) else b
+    else:
+        if sw == 1:
+            for ow in range(oa, ob):
+                acc[U(k0 + ow)] += x[U(base + ow)]
+        elif sw == 2:
+            for ow in range(oa, ob):
+                acc[U(k0 + ow)] += x[U(base + 2 * ow)]
+        else:
+            for ow in range(oa, ob):
+                acc[U(k0 + ow)] += x[U(base + ow * sw)]
 
 
 @njit(**_OPTS)
@@ -101,41 +380,141 @@ def pool2d(x, xoff, planes, H, W, kh, kw, sh, sw, ph, pw, pe_h, pe_w, dh, dw, OH
            is_max, include_pad, acc):
     """Max or average pooling over `planes` planes of H x W into acc (planes x OH x OW).
 
-    Pad cells never win a max; an average divides by the taps inside the input (or inside the
-    padded input with include_pad), never by ceil-mode overhang; an all-padding max window
-    gives the lowest float32, as onnxruntime.
+    Tap by tap over whole output rows (the ow loop vectorizes), visiting only taps inside the
+    input: a window far larger than the input (a global pool written as AveragePool) costs
+    its inside taps only. Pad cells never win a max; an average divides by the taps inside
+    the input (or inside the padded input with include_pad), never by ceil-mode overhang; an
+    all-padding max window gives the lowest float32, as onnxruntime.
     """
+    wide_vectors()
     lowest = np.float32(-3.4028234663852886e38)
+    start = np.float32(-np.inf) if is_max else np.float32(0)
+    # per output column: taps inside the input, and inside the padded input
+    inside_w = np.empty(OW, np.int64)
+    padded_w = np.empty(OW, np.int64)
+    for ow in range(OW):
+        ja, jb = _taps(ow, sw, pw, dw, kw, 0, W)
+        inside_w[ow] = jb - ja
+        da, db = _taps(ow, sw, pw, dw, kw, -pw, W + pe_w)
+        padded_w[ow] = db - da
+    ranges = np.empty((kw, 2), np.int64)
+    for j in range(kw):
+        oa, ob = _inside(j * dw - pw, sw, OW, W)
+        ranges[j, 0] = oa
+        ranges[j, 1] = ob
     for p in range(planes):
         src = xoff + p * H * W
         for oh in range(OH):
+            ia, ib = _taps(oh, sh, ph, dh, kh, 0, H)
+            k0 = (p * OH + oh) * OW
             for ow in range(OW):
-                if is_max:
-                    best = -np.inf
+                acc[U(k0 + ow)] = start
+            for i in range(ia, ib):
+                row = src + (oh * sh - ph + i * dh) * W
+                for j in range(kw):
+                    _pool_taps(acc, k0, x, row + j * dw - pw, ranges[j, 0], ranges[j, 1], sw,
+                               is_max)
+            rows_in = ib - ia
+            if is_max:
+                if rows_in == 0:
+                    for ow in range(OW):
+                        acc[U(k0 + ow)] = lowest
                 else:
-                    best = 0.0
-                taps = 0
-                counted = 0
-                for i in range(kh):
-                    ih = oh * sh - ph + i * dh
-                    for j in range(kw):
-                        iw = ow * sw - pw + j * dw
-                        inside = ih >= 0 and ih < H and iw >= 0 and iw < W
-                        if include_pad:
-                            if ih >= -ph and ih < H + pe_h and iw >= -pw and iw < W + pe_w:
-                                counted += 1
-                        elif inside:
-                            counted += 1
-                        if inside:
-                            taps += 1
-                            v = x[src + ih * W + iw]
-                            if is_max:
-                                if v > best or v != v:
-                                    best = v
-                            else:
-                                best += v
-                k = (p * OH + oh) * OW + ow
-                if is_max:
-                    acc[k] = best if taps > 0 else lowest
-                else:
-                    acc[k] = best / max(counted, 1)
+                    for ow in range(OW):
+                        if inside_w[ow] == 0:
+                            acc[U(k0 + ow)] = lowest
+            else:
+                ca, cb = _taps(oh, sh, ph, dh, kh, -ph, H + pe_h)
+                rows_pad = cb - ca
+                for ow in range(OW):
+                    counted = rows_pad * padded_w[ow] if include_pad else rows_in * inside_w[ow]
+                    acc[U(k0 + ow)] = acc[U(k0 + ow)] / np.float32(max(counted, 1))
+
+
+@njit(**_OPTS)
+def _inside(first, step, n, W):
+    """The range [a, b) of ow in [0, n) with 0 <= first + ow*step < W."""
+    a = 0
+    if first < 0:
+        a = (-first + step - 1) // step
+    b = n
+    if first + (n - 1) * step >= W:
+        b = (W - first + step - 1) // step if W > first else 0
+    a = min(max(a, 0), n)
+    b = min(max(b, a), n)
+    return a, b
+
+
+# ---- row reductions in 16 independent lanes ---------------------------------------------------
+# A float sum or max over a row is a loop-carried dependency LLVM may only vectorize when it may
+# reassociate (fastmath "reassoc"), which would also let it rewrite the range reduction of
+# exp_f32. Sixteen explicit partial results are sixteen independent chains: the lane loop is
+# one vector operation and the order of additions within each lane is fixed.
+
+LANES = 16
+
+
+@njit(**_OPTS)
+def row_max(row, n, part):
+    """max(row[:n]) (-inf for an empty row; NaN if any element is NaN)."""
+    wide_vectors()
+    full = n - n % LANES
+    for k in range(LANES):
+        part[k] = np.float32(-np.inf)
+    for c0 in range(0, full, LANES):
+        for k in range(LANES):
+            v = row[U(c0 + k)]
+            part[k] = v if (v > part[k] or v != v) else part[k]
+    best = np.float32(-np.inf)
+    for k in range(LANES):
+        best = part[k] if (part[k] > best or part[k] != part[k]) else best
+    for c in range(full, n):
+        v = row[U(c)]
+        best = v if (v > best or v != v) else best
+    return best
+
+
+@njit(**_OPTS)
+def row_sum(row, n, part):
+    """sum(row[:n]) in float32, in 16 lanes."""
+    wide_vectors()
+    full = n - n % LANES
+    for k in range(LANES):
+        part[k] = np.float32(0)
+    for c0 in range(0, full, LANES):
+        for k in range(LANES):
+            part[k] += row[U(c0 + k)]
+    total = np.float32(0)
+    for k in range(LANES):
+        total += part[k]
+    for c in range(full, n):
+        total += row[U(c)]
+    return total
+
+
+@njit(**_OPTS)
+def row_sumsq(row, n, mean, part):
+    """sum((row[:n] - mean)**2) in float32, in 16 lanes."""
+    wide_vectors()
+    full = n - n % LANES
+    for k in range(LANES):
+        part[k] = np.float32(0)
+    for c0 in range(0, full, LANES):
+        for k in range(LANES):
+            d = row[U(c0 + k)] - mean
+            part[k] += d * d
+    total = np.float32(0)
+    for k in range(LANES):
+        total += part[k]
+    for c in range(full, n):
+        d = row[U(c)] - mean
+        total += d * d
+    return total
+
+
+@njit(**_OPTS)
+def exp_shift(row, n, shift):
+    """row[:n] = exp(row[:n] - shift)."""
+    wide_vectors()
+    for c in range(n):
+        row[U(c)] = exp_f32(row[U(c)] - shift)

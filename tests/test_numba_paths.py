@@ -1,0 +1,230 @@
+"""The Numba backend's fast paths, each against onnxruntime on a model that takes it:
+program segments (one compiled call per run of kernels), output buffers reused across runs
+(`run(feeds, out=...)`), shifted-GEMM convolutions, strided batched MatMul without packing,
+data movement kernels (Gather, Concat, Pad, copies of views), pooling whose window is larger
+than its input, and row reductions (Softmax, LayerNorm, ReduceMean) in lanes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import eqsat_fuse as ef
+from eqsat_fuse.errors import FeedError
+from eqsat_fuse.verify import random_feeds
+
+from conftest import make_model
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("numba-paths-cache")
+
+
+def _compile(model, cache, **kw):
+    return ef.compile(model, backend="numba", cache_dir=cache, **kw)
+
+
+def _check(program, seed=1):
+    result = program.verify(seed=seed)
+    assert result.ok, result.summary()
+    assert program.report.backend_report["fallback_kernels"] == []
+    return result
+
+
+def _conv_model(rng, c=6, m=5, size=20, k=3, pads=(1, 1, 1, 1), dil=(1, 1), group=1,
+                relu=True, residual=True):
+    w = (rng.standard_normal((m, c // group, k, k)) * 0.2).astype(np.float32)
+    b = rng.normal(0, 0.1, m).astype(np.float32)
+    oh = (size + pads[0] + pads[2] - ((k - 1) * dil[0] + 1)) + 1
+    ow = (size + pads[1] + pads[3] - ((k - 1) * dil[1] + 1)) + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=list(pads),
+                              dilations=list(dil), group=group)]
+    out = "c"
+    inputs = [("x", [1, c, size, size])]
+    if residual:
+        nodes.append(helper.make_node("Add", [out, "r"], ["a"]))
+        inputs.append(("r", [1, m, oh, ow]))
+        out = "a"
+    if relu:
+        nodes.append(helper.make_node("Relu", [out], ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", [out], ["y"]))
+    return make_model(nodes, inputs, [("y", [1, m, oh, ow])], {"w": w, "b": b})
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(),                                             # 3x3 pad 1: the shifted-GEMM path
+    dict(k=5, pads=(2, 2, 2, 2)),
+    dict(k=3, pads=(0, 1, 2, 1), relu=False),           # asymmetric pads
+    dict(k=3, pads=(2, 2, 2, 2), dil=(2, 2)),           # dilation
+    dict(c=6, m=4, group=2, residual=False),            # groups
+    dict(size=5, residual=False),                       # small plane: im2col path
+])
+def test_convolutions_match_onnxruntime(cfg, kernel_cache, rng):
+    _check(_compile(_conv_model(rng, **cfg), kernel_cache))
+
+
+def test_shifted_gemm_conv_is_used_for_wide_planes(kernel_cache, rng):
+    program = _compile(_conv_model(rng, size=40), kernel_cache)
+    _check(program)
+    sources = "".join(p.read_text() for p in kernel_cache.glob("k_*.py"))
+    assert "K.pad_planes" in sources
+
+
+def test_program_runs_in_few_segments_and_matches_per_kernel_steps(kernel_cache, rng):
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["g"]),
+             helper.make_node("Sigmoid", ["g"], ["s"]),
+             helper.make_node("Mul", ["s", "g"], ["y"])]
+    model = make_model(nodes, [("x", [8, 16])], [("y", [8, 12])],
+                       {"w1": rng.standard_normal((16, 32)).astype(np.float32),
+                        "w2": rng.standard_normal((32, 12)).astype(np.float32)})
+    program = _compile(model, kernel_cache)
+    _check(program)
+    assert program.report.backend_report["segments"] == 1
+    feeds = random_feeds(program.plan.inputs, 3)
+    fast = program.run(feeds)
+    # the per-kernel steps (what profilers time one by one) compute the same
+    inner = program.program
+    inner.steps = list(inner.steps)            # a swapped list: run() takes the steps one by one
+    slow = program.run(feeds)
+    np.testing.assert_array_equal(fast["y"], slow["y"])
+
+
+def test_outputs_can_be_written_into_caller_buffers(kernel_cache, rng):
+    nodes = [helper.make_node("Mul", ["x", "x"], ["m"]),
+             helper.make_node("Add", ["m", "x"], ["y"]),
+             helper.make_node("Reshape", ["y", "shape"], ["z"]),
+             helper.make_node("Identity", ["x"], ["same"])]
+    model = make_model(nodes, [("x", [4, 6])], [("y", [4, 6]), ("z", [24]), ("same", [4, 6])],
+                       {"shape": np.array([24], np.int64)})
+    for backend in ("numpy", "numba"):
+        program = ef.compile(model, backend=backend, cache_dir=kernel_cache)
+        x = rng.standard_normal((4, 6)).astype(np.float32)
+        want = program.run({"x": x})
+        outs = program.program.empty_outputs()
+        got = program.run({"x": x}, out=outs)
+        for name in want:
+            assert got[name] is outs[name]
+            np.testing.assert_array_equal(got[name], want[name])
+        # a second run reuses the same arrays
+        x2 = x + 1
+        again = program.run({"x": x2}, out=outs)
+        assert again["y"] is outs["y"]
+        np.testing.assert_allclose(again["y"], x2 * x2 + x2, rtol=1e-6)
+        # a subset of the outputs may be given; the rest are new arrays
+        part = program.run({"x": x}, out={"y": outs["y"]})
+        np.testing.assert_array_equal(part["z"], want["z"])
+        with pytest.raises(FeedError):
+            program.run({"x": x}, out={"y": np.empty((4, 5), np.float32)})
+        with pytest.raises(FeedError):
+            program.run({"x": x}, out={"nope": outs["y"]})
+        with pytest.raises(FeedError):
+            program.run({"x": x}, out={"y": x})            # overlaps an input
+
+
+def test_default_outputs_are_fresh_arrays_each_run(kernel_cache, rng):
+    model = make_model([helper.make_node("Tanh", ["x"], ["y"])], [("x", [3, 5])], [("y", [3, 5])])
+    program = _compile(model, kernel_cache)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    first = program.run({"x": x})["y"]
+    kept = first.copy()
+    second = program.run({"x": x + 1})["y"]
+    assert first is not second and not np.shares_memory(first, second)
+    np.testing.assert_array_equal(first, kept)
+
+
+def test_attention_matmuls_on_transposed_views(kernel_cache, rng):
+    s, h, d = 12, 3, 8
+    nodes = [helper.make_node("Reshape", ["q", "shape"], ["q4"]),
+             helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["k", "shape"], ["k4"]),
+             helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["qt", "kt"], ["sc"]),
+             helper.make_node("Mul", ["sc", "scale"], ["ss"]),
+             helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+             helper.make_node("Reshape", ["v", "shape"], ["v4"]),
+             helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+             helper.make_node("MatMul", ["p", "vt"], ["ctx"]),
+             helper.make_node("Transpose", ["ctx"], ["ct"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["ct", "back"], ["y"])]
+    model = make_model(nodes, [("q", [1, s, h * d]), ("k", [1, s, h * d]), ("v", [1, s, h * d])],
+                       [("y", [1, s, h * d])],
+                       {"shape": np.array([1, s, h, d], np.int64),
+                        "back": np.array([1, s, h * d], np.int64),
+                        "scale": np.array(0.3, np.float32)})
+    _check(_compile(model, kernel_cache))
+
+
+def test_movement_kernels_match_onnxruntime(kernel_cache, rng):
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], axis=0),
+             helper.make_node("Gather", ["x", "col"], ["g1"], axis=1),
+             helper.make_node("Concat", ["e", "x"], ["cat"], axis=0),
+             helper.make_node("Pad", ["x", "pads", "val"], ["pd"], mode="constant"),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+             helper.make_node("Reshape", ["xt", "flat"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y3"])]
+    model = make_model(
+        nodes, [("x", [5, 6]), ("ids", [4], TensorProto.INT64)],
+        [("g1", [5]), ("cat", [9, 6]), ("pd", [8, 7]), ("y3", [30])],
+        {"table": rng.standard_normal((10, 6)).astype(np.float32),
+         "col": np.array(-2, np.int64),
+         "pads": np.array([1, 0, 2, 1], np.int64), "val": np.array(0.5, np.float32),
+         "flat": np.array([30], np.int64)})
+    program = _compile(model, kernel_cache)
+    _check(program)
+    ids = np.array([3, 0, 9, 3], np.int64)
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    got = program.run({"x": x, "ids": ids})
+    np.testing.assert_array_equal(got["g1"], x[:, -2])
+    np.testing.assert_array_equal(got["y3"], np.maximum(x.T.reshape(-1), 0))
+    with pytest.raises(IndexError):
+        program.run({"x": x, "ids": np.array([0, 1, 2, 10], np.int64)})
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("AveragePool", dict(kernel_shape=[64, 64], strides=[64, 64], ceil_mode=1,
+                         count_include_pad=1)),       # a window far beyond the input
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                         count_include_pad=1)),
+    ("AveragePool", dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0])),
+])
+def test_pooling_matches_onnxruntime(op, attrs, kernel_cache, rng):
+    import onnx
+    x_shape = [1, 3, 7, 9] if attrs["kernel_shape"][0] < 10 else [1, 3, 2, 2]
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, x_shape)], [helper.make_empty_tensor_value_info("y")])
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    _check(_compile(model, kernel_cache))
+
+
+@pytest.mark.parametrize("cols", [1, 15, 16, 17, 100])
+def test_row_reductions_in_lanes(cols, kernel_cache, rng):
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=-1),
+             helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1,
+                              epsilon=1e-5),
+             helper.make_node("ReduceMean", ["x"], ["rm"], axes=[-1], keepdims=1)]
+    model = make_model(nodes, [("x", [3, 4, cols])],
+                       [("s", [3, 4, cols]), ("ln", [3, 4, cols]), ("rm", [3, 4, 1])],
+                       {"g": rng.uniform(0.5, 1.5, cols).astype(np.float32),
+                        "b": rng.normal(0, 0.1, cols).astype(np.float32)})
+    _check(_compile(model, kernel_cache))
+
+
+def test_masked_softmax_rows(kernel_cache, rng):
+    """Rows of -3.4e38 (attention masks) and -inf: no NaN where onnxruntime has none."""
+    nodes = [helper.make_node("Add", ["x", "mask"], ["m"]),
+             helper.make_node("Softmax", ["m"], ["y"], axis=-1)]
+    mask = np.zeros((1, 40), np.float32)
+    mask[0, 30:] = np.finfo(np.float32).min
+    model = make_model(nodes, [("x", [4, 40])], [("y", [4, 40])], {"mask": mask})
+    program = _compile(model, kernel_cache)
+    _check(program)
+    y = program.run({"x": rng.standard_normal((4, 40)).astype(np.float32)})["y"]
+    assert np.all(y[:, 30:] == 0) and np.allclose(y.sum(1), 1, rtol=1e-5)
