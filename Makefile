@@ -26,7 +26,7 @@ $(PYTHON):
 
 $(STAMP): pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet -e '.[test]'
+	$(PYTHON) -m pip install --quiet -e '.[test,docs,cluster]'
 	@touch $(STAMP)
 
 clean:

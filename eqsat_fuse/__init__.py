@@ -6,12 +6,14 @@
     print(compiled.report.summary())
 """
 
-from .errors import (CostModelError, EqsatFuseError, FeedError, ModelError, RuleFileError,
-                     VerificationError)
+from .errors import (CostModelError, EqsatFuseError, FeedError, LimitError, ModelError,
+                     RuleFileError, RunError, VerificationError)
+from .limits import HardLimits
 from .pipeline import Compiled, compile
-from .rulecheck import check_rules
 from .saturate import Budgets
+from .rulecheck import check_rules
 
 __all__ = ["compile", "Compiled", "Budgets", "EqsatFuseError", "ModelError", "RuleFileError",
-           "CostModelError", "FeedError", "VerificationError", "check_rules"]
+           "CostModelError", "FeedError", "VerificationError", "check_rules", "HardLimits",
+           "LimitError", "RunError"]
 __version__ = "0.1.0"

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .errors import EqsatFuseError
+from .files import write_atomically  # noqa: F401  (also imported from here)
+from .limits import parse_hard_limits
 from .saturate import Budgets
 
 
@@ -36,7 +36,14 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
                         help="cost model: a shipped target name or a .toml file (default: cpu)")
     parser.add_argument("--rules", nargs="+", default=[], metavar="FILE",
                         help="extra rule files, loaded after the shipped ones")
-    parser.add_argument("--extractor", default="greedy-dag", help="extractor (default: greedy-dag)")
+    parser.add_argument("--extractor", default="greedy-dag", choices=["tree", "greedy-dag", "ilp"],
+                        help="tree (bottom-up, optimal for tree cost), greedy-dag (DAG-aware "
+                             "heuristic, the default) or ilp (the exact optimum, HiGHS)")
+    parser.add_argument("--objective", default="latency", choices=["latency", "energy"],
+                        help="what extraction minimizes under the target (default: latency)")
+    parser.add_argument("--ilp-seconds", type=float, default=30.0, metavar="S",
+                        help="time limit of the ILP extractor (default 30); on a stop the report "
+                             "gives the gap to optimal")
     parser.add_argument("--backend", default="numpy", help="numpy (default)")
     parser.add_argument("--input-shape", action="append", type=_input_shape, default=[],
                         metavar="NAME=D1,D2,...", help="static shape for a dynamic input")
@@ -46,6 +53,11 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
                         help=f"e-graph size budget in e-nodes (default {Budgets.nodes})")
     parser.add_argument("--max-seconds", type=float, default=Budgets.seconds,
                         help=f"saturation wall-time budget (default {Budgets.seconds:g})")
+    parser.add_argument("--hard-limits", nargs="?", const="default", default=None,
+                        type=parse_hard_limits, metavar="memory_mb=N,seconds=S",
+                        help="saturate in a child process that cannot use more than N MB or run "
+                             "longer than S seconds (default 4096 MB, 300 s); on a limit, go on "
+                             "from the last completed iteration")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -57,7 +69,8 @@ def _compile(args, model):
                          extractor=args.extractor, rules=args.rules,
                          input_shapes=dict(args.input_shape) or None,
                          budgets=Budgets(args.max_iterations, args.max_nodes, args.max_seconds),
-                         progress=progress)
+                         progress=progress, hard_limits=args.hard_limits,
+                         objective=args.objective, ilp_seconds=args.ilp_seconds)
 
 
 def _progress(stage: str) -> None:
@@ -72,27 +85,6 @@ def _load_feeds(path: str) -> dict[str, np.ndarray]:
         raise EqsatFuseError(f"{path}: no such file") from None
     except (ValueError, OSError) as exc:
         raise EqsatFuseError(f"{path}: not a NumPy .npz file of arrays ({exc})") from None
-
-
-def write_atomically(path: Path, write, *, force: bool, protect: list[Path] = ()) -> None:
-    """Write through a temporary file renamed into place; never replace an input, and replace an
-    existing file only with `force`."""
-    path = Path(path)
-    for other in protect:
-        if Path(other).exists() and path.exists() and path.resolve() == Path(other).resolve():
-            raise EqsatFuseError(f"{path}: refusing to overwrite the input model")
-    if path.exists() and not force:
-        raise EqsatFuseError(f"{path}: already exists; pass --force to replace it")
-    if path.parent and not path.parent.exists():
-        raise EqsatFuseError(f"{path.parent}: no such folder")
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -117,6 +109,22 @@ def cmd_demo(args) -> int:
 
 
 def cmd_optimize(args) -> int:
+    protect = [Path(args.model), *(Path(r) for r in args.rules)]
+    if args.output:            # say what is wrong with OUT.onnx before compiling, not after
+        out = Path(args.output)
+        if out.exists() and any(p.exists() and out.resolve() == p.resolve() for p in protect):
+            raise EqsatFuseError(f"{out}: refusing to overwrite the input model")
+        if out.exists() and not args.force:
+            raise EqsatFuseError(f"{out}: already exists; pass --force to replace it")
+    if args.report:
+        from . import html_report
+
+        html_report.check_requirements()        # say what is missing before compiling, not after
+        page = Path(args.report)
+        if page.exists() and any(p.exists() and page.resolve() == p.resolve() for p in protect):
+            raise EqsatFuseError(f"{page}: refusing to overwrite the input model")
+        if page.exists() and not args.force:
+            raise EqsatFuseError(f"{page}: already exists; pass --force to replace it")
     compiled = _compile(args, args.model)
     report = compiled.report
     if args.json:
@@ -125,6 +133,18 @@ def cmd_optimize(args) -> int:
         print(report.summary())
         if args.explain:
             print(_explain(report))
+            print(_explain_fusions(compiled))
+    if args.output:
+        from .export import save_model
+
+        save_model(compiled.to_onnx(), args.output, force=args.force, protect=protect,
+                   force_hint="--force")
+        print(f"wrote the optimized model to {args.output}",
+              file=sys.stderr if args.json else sys.stdout)
+    if args.report:
+        html_report.write(compiled, args.report, force=args.force, protect=protect,
+                          force_hint="--force")
+        print(f"wrote the report to {args.report}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -140,6 +160,32 @@ def _explain(report) -> str:
         lines.append(f"  {k.name:>5}  {k.predicted_us:9.2f} us  {k.kind:7}  {'+'.join(k.ops):40} "
                      f"-> {k.output} {k.shape}")
     return "\n".join(lines)
+
+
+def _explain_fusions(compiled) -> str:
+    """Each fused kernel: the best program's cost with it, and without it (re-extracted with the
+    kernel split back at its Mat boundaries)."""
+    values = compiled.extraction.fusion_values()
+    unit = "us" if compiled.report.objective == "latency" else "uJ"
+    lines = [f"\nwhat each fusion is worth ({compiled.report.objective}; best program with it "
+             f"and without it):"]
+    names = {k.output: k.name for k in compiled.report.kernels}
+    plan_names = {k.eclass: names.get(k.output, k.name) for k in compiled.plan.kernels}
+    for value in sorted(values, key=lambda v: -(v.saving if v.saving is not None else 1e300)):
+        name = plan_names.get(value.eclass, f"class {value.eclass}")
+        without = ("no legal program" if value.without_cost is None
+                   else f"{value.without_cost:10.2f} {unit} ({value.saving:+.2f})")
+        lines.append(f"  {name:>5}  {'+'.join(value.ops):40} with {value.with_cost:10.2f} {unit}"
+                     f", without {without}")
+    if not values:
+        lines.append("  (no fused kernels)")
+    return "\n".join(lines)
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import main as calibrate_main
+
+    return calibrate_main(args.output, args.force, quick=args.quick, base=args.base)
 
 
 def cmd_run(args) -> int:
@@ -186,6 +232,32 @@ def cmd_rules_check(args) -> int:
     return 3 if args.strict and report.unchecked else 0
 
 
+def _rule_set(text: str) -> tuple[str, list[str]]:
+    name, sep, files = text.partition("=")
+    if not sep or not name or not files:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE[,FILE...], got {text!r}")
+    return name, [f for f in files.split(",") if f]
+
+
+def cmd_compare(args) -> int:
+    from .compare import STRATEGIES, compare, print_progress
+
+    rule_sets = {"shipped": []}
+    for name, files in args.rule_set:
+        if name in rule_sets:
+            raise EqsatFuseError(f"rule set {name!r} is given twice")
+        rule_sets[name] = files
+    rows = compare(args.models, args.output, strategies=args.strategies or list(STRATEGIES),
+                   targets=args.targets, rule_sets=rule_sets, jobs=args.jobs,
+                   scheduler=args.scheduler, backend=args.backend, repeats=args.repeats,
+                   seed=args.seed, ilp_seconds=args.ilp_seconds,
+                   progress=None if args.quiet else print_progress)
+    failed = [r for r in rows if r["status"] != "ok" or not r.get("verified", True)]
+    print(f"{len(rows)} cells -> {args.output}/results.csv, results.md, plots/"
+          + (f"; {len(failed)} failed or did not verify" if failed else ""))
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eqsat-fuse",
@@ -210,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
     optimize.add_argument("--json", action="store_true", help="print the report as JSON")
     optimize.add_argument("--explain", action="store_true",
                           help="also list the rules that matched and every kernel's cost")
+    optimize.add_argument("--report", metavar="OUT.html",
+                          help="also write a self-contained HTML report: both graphs as "
+                               "pictures, the kernels' costs, the memory plan, the saturation")
+    optimize.add_argument("-o", "--output", metavar="OUT.onnx",
+                          help="also write the optimized model as ONNX: fused kernels as local "
+                               "functions (domain eqsat_fuse), folded constants as initializers")
+    optimize.add_argument("--force", action="store_true",
+                          help="replace OUT.onnx / OUT.html if they exist")
     optimize.set_defaults(func=cmd_optimize)
 
     run = sub.add_parser("run", help="compile a model and run it on inputs from a .npz file",
@@ -262,6 +342,52 @@ def build_parser() -> argparse.ArgumentParser:
                        help="exit 3 when some rule could not be checked")
     check.add_argument("--quiet", action="store_true", help="no progress on stderr")
     check.set_defaults(func=cmd_rules_check)
+
+    calibrate = sub.add_parser(
+        "calibrate", help="measure this machine and write a CPU cost file",
+        description="Run micro-benchmarks (memory bandwidth, on-chip size and bandwidth, "
+                    "elementwise/MatMul/convolution/reduction rates, the fixed cost of each "
+                    "operation and the per-kernel overhead of the NumPy backend) on one machine "
+                    "and write its cost file, to use as --target FILE (docs/cost-models.md). "
+                    "Progress goes to stderr; an existing file is replaced only with --force. "
+                    "About fifteen seconds; calibrate on a quiet machine.")
+    calibrate.add_argument("-o", "--output", default="cpu.toml", metavar="FILE",
+                           help="where to write the cost file (default: ./cpu.toml)")
+    calibrate.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    calibrate.add_argument("--base", metavar="FILE",
+                           help="cost file to copy the unmeasured keys from (default: the "
+                                "shipped cpu.toml)")
+    calibrate.add_argument("--quick", action="store_true",
+                           help="fewer repeats and smaller arrays (a smoke test, not a figure)")
+    calibrate.set_defaults(func=cmd_calibrate)
+
+    compare = sub.add_parser(
+        "compare", help="sweep models x strategies x targets x rule sets into a results folder",
+        description="Compile every cell of MODEL... x strategies x targets x rule sets, verify it "
+                    "against onnxruntime, time it on this machine, and write DIR/results.csv, "
+                    "DIR/results.md and DIR/plots/. Cells already in DIR are skipped, so an "
+                    "interrupted sweep resumes. Strategies: none (the model as written), passes "
+                    "(the rules as a fixed-order pass pipeline), eqsat-tree, eqsat-greedy, "
+                    "eqsat-ilp (equality saturation with that extractor).")
+    compare.add_argument("models", nargs="+", metavar="MODEL", help="ONNX files")
+    compare.add_argument("-o", "--output", required=True, metavar="DIR", help="results folder")
+    compare.add_argument("--strategies", nargs="+", metavar="S", help="default: all five")
+    compare.add_argument("--targets", nargs="+", default=["cpu"], metavar="T",
+                         help="targets (default: cpu)")
+    compare.add_argument("--rule-set", action="append", type=_rule_set, default=[],
+                         metavar="NAME=FILE[,FILE]",
+                         help="an extra rule set to compare with the shipped rules")
+    compare.add_argument("--jobs", type=int, default=1, help="local processes (default 1; "
+                         "more than one makes measured times noisier)")
+    compare.add_argument("--scheduler", metavar="ADDRESS",
+                         help="run the cells on this Dask distributed scheduler")
+    compare.add_argument("--backend", default="numpy", help="backend to time (default numpy)")
+    compare.add_argument("--repeats", type=int, default=10, help="timed runs per cell (median)")
+    compare.add_argument("--seed", type=int, default=0, help="seed of the inputs")
+    compare.add_argument("--ilp-seconds", type=float, default=30.0,
+                         help="time limit of the ILP extractor per cell")
+    compare.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    compare.set_defaults(func=cmd_compare)
     return parser
 
 

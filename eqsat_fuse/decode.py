@@ -8,6 +8,7 @@ Classes whose terms use constants only become `ConstExpr`s, which lowering folds
 from __future__ import annotations
 
 from .encode import Encoding
+from .errors import EqsatFuseError
 from .extract import Extraction
 from .ir import BodyNode, ConstExpr, Graph, Kernel, KernelPlan, Operand, TensorInfo
 from .ops import OPS
@@ -48,6 +49,9 @@ def decode(eg: SerializedEGraph, extraction: Extraction, encoding: Encoding,
     def attrs_of(node) -> dict:
         attrs = dict(zip(OPS[node.op].attrs, node.attrs))
         if node.op in ("Input", "Const"):
+            if attrs["name"] not in encoding.leaf_keys:
+                raise EqsatFuseError(f"the chosen program reads ({node.op} {attrs['name']!r}), "
+                                     f"which the model does not have: a rule created it")
             attrs["name"] = encoding.leaf_keys[attrs["name"]]
         return attrs
 

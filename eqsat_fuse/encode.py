@@ -164,3 +164,55 @@ def encode(graph: Graph) -> Encoding:
     return Encoding(program="\n".join(lines) + "\n", leaf_keys=leaf_keys, value_vars=value_vars,
                     output_vars={o: value_vars[o] for o in graph.outputs},
                     opaque_nodes=opaque_nodes, lets=counter, originals=originals)
+
+
+def encode_choice(eg, choice: dict[int, int], encoding: Encoding, graph: Graph) -> Encoding:
+    """Write an extracted program (one chosen node per class of `eg`) back as egglog lets.
+
+    The result is the program alone, with no alternatives: what a compiler that rewrites in
+    place holds after a pass. Leaves keep the keys of `encoding`; facts are carried over.
+    """
+    sorts = constructor_sorts()
+    roots = {output: eg.lets[var] for output, var in encoding.output_vars.items()}
+    order: list[int] = []
+    state: dict[int, bool] = {}
+    for root in roots.values():
+        stack = [(root, False)]
+        while stack:
+            c, expanded = stack.pop()
+            if state.get(c) is True:
+                continue
+            if expanded:
+                state[c] = True
+                order.append(c)
+                continue
+            state[c] = False
+            stack.append((c, True))
+            stack.extend((ch, False) for ch in eg.nodes[choice[c]].children if not state.get(ch))
+    dynamic = eg.relations.get("dynamic", set())
+    lines: list[str] = []
+    originals: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for c in order:
+        node = eg.nodes[choice[c]]
+        var = f"$c{c}"
+        arg_sorts = sorts[node.op][0]
+        children, attrs = iter(node.children), iter(node.attrs)
+        args = [f"$c{next(children)}" if s in ("T", "TList") else render_value(next(attrs), s)
+                for s in arg_sorts]
+        lines.append(f"(let {var} ({' '.join([node.op, *args])}))")
+        originals[var] = (node.op, tuple(a for a, s in zip(args, arg_sorts) if s == "T"))
+        if c in eg.shapes and c in eg.dtypes:
+            lines.extend(_facts(var, TensorInfo(tuple(eg.shapes[c]), eg.dtypes[c])))
+        if c in dynamic:
+            lines.append(f"(dynamic {var})")
+        if node.op == "Const":
+            value = graph.initializers.get(encoding.leaf_keys[node.attrs[0]])
+            splat = _splat_value(value) if value is not None else None
+            if splat is not None:
+                lines.append(f"(set (scalar-value {var}) {render_float(splat)})")
+    value_vars = {value: f"$c{eg.lets[var]}" for value, var in encoding.value_vars.items()
+                  if var in eg.lets and eg.lets[var] in state}
+    return Encoding(program="\n".join(lines) + "\n", leaf_keys=encoding.leaf_keys,
+                    value_vars=value_vars,
+                    output_vars={output: f"$c{c}" for output, c in roots.items()},
+                    opaque_nodes=encoding.opaque_nodes, lets=len(order), originals=originals)

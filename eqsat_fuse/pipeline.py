@@ -16,11 +16,14 @@ import onnx
 from .costmodel import load_cost_model
 from .decode import decode
 from .encode import encode
+from .errors import EqsatFuseError
 from .explain import shaping_rules
-from .extract import extract, roots_of
+from .extract import ExtractionContext, extract, roots_of
 from .importer import import_model
 from .ir import KernelPlan
+from .limits import HardLimits, saturate_in_child
 from .lower import Program, lower
+from .passes import saturate_by_passes
 from .report import KernelReport, Report
 from .saturate import Budgets, saturate
 from .serialized import fill_missing_facts, read_egraph
@@ -30,10 +33,13 @@ from .verify import VerifyResult, compare, oracle_outputs, random_feeds
 class Compiled:
     """A compiled model: `run(feeds)`, `report`, `verify()`."""
 
-    def __init__(self, program: Program, report: Report, source: onnx.ModelProto):
+    def __init__(self, program: Program, report: Report, source: onnx.ModelProto,
+                 source_path: Path | None = None, extraction: ExtractionContext | None = None):
         self.program = program
         self.report = report
         self._source = source
+        self.source_path = source_path      # the file it was compiled from: never overwritten
+        self.extraction = extraction        # what --explain re-extracts from
 
     @property
     def plan(self) -> KernelPlan:
@@ -44,9 +50,14 @@ class Compiled:
         """Input name -> TensorInfo (static shape and dtype) the program was compiled for."""
         return dict(self.plan.inputs)
 
-    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Run the compiled program: {input name: array} -> {output name: array}."""
-        return self.program.run(feeds)
+    def run(self, feeds: dict[str, Any], out: dict[str, np.ndarray] | None = None
+            ) -> dict[str, np.ndarray]:
+        """Run the compiled program: {input name: array} -> {output name: array}.
+
+        Outputs are new arrays by default. `out` ({output name: array}, e.g. from
+        `program.empty_outputs()`) makes the run write those outputs into the given arrays and
+        return them, so repeated runs allocate nothing (see `Program.run`)."""
+        return self.program.run(feeds, out=out)
 
     def verify(self, feeds: dict[str, Any] | None = None, against: str = "ort",
                seed: int = 0) -> VerifyResult:
@@ -55,6 +66,28 @@ class Compiled:
         expected, oracle = oracle_outputs(self._source, feeds, against)
         return compare(self.run(feeds), expected, oracle,
                        storage_dtype=getattr(self.program, "storage_dtype", "float32"))
+
+    def to_onnx(self, path: str | Path | None = None, force: bool = False,
+                opset: int | None = None) -> onnx.ModelProto:
+        """The optimized program as an ONNX model (fused kernels as local functions of domain
+        `eqsat_fuse`, folded constants as initializers; see `export`), written to `path` when
+        given: atomically, an existing file replaced only with `force`, never the model this
+        was compiled from."""
+        from .export import export_model, save_model
+
+        model = export_model(self.program, self._source, opset=opset)
+        if path is not None:
+            save_model(model, path, force=force,
+                       protect=[self.source_path] if self.source_path else [])
+        return model
+
+    def report_html(self, path: str | Path, force: bool = False) -> Path:
+        """Write the visual report (both graphs, kernel costs, memory plan, saturation) to one
+        self-contained HTML file; an existing file is replaced only with `force`."""
+        from .html_report import write
+
+        return write(self, path, force=force,
+                     protect=[self.source_path] if self.source_path else [])
 
 
 def _source_proto(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
@@ -68,13 +101,19 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             input_shapes: dict[str, tuple[int, ...]] | None = None,
             budgets: Budgets | None = None,
             storage_dtype: str | None = None, cache_dir: str | Path | None = None,
-            progress: Callable[[str], None] | None = None) -> Compiled:
+            strategy: str = "eqsat",
+            progress: Callable[[str], None] | None = None,
+            hard_limits: HardLimits | None = None,
+            objective: str = "latency", ilp_seconds: float = 30.0) -> Compiled:
     """Compile an ONNX model (path or ModelProto) into a fused program for `target`.
 
     `rules` adds rule files to the shipped ones; `input_shapes` fixes dynamic input dims;
-    `progress`, if given, is called with each stage's name as it starts. `storage_dtype`
-    overrides the target's activation storage ("float16" halves bytes moved); `cache_dir` is
-    where the Numba backend keeps compiled kernels.
+    `strategy` is "eqsat" (equality saturation, the default) or "passes" (the same rules as a
+    fixed-order pass pipeline that commits after each pass; see `passes`). `progress`, if
+    given, is called with each stage's name as it starts. `hard_limits` runs
+    saturation in a child process with a memory cap and a deadline (see `limits`).
+    `extractor` is "tree", "greedy-dag" or "ilp" (`ilp_seconds` is its time limit); `objective`
+    ("latency" or "energy") is what extraction minimizes under the target's cost model.
     """
     timings: dict[str, float] = {}
     current: list = [None, time.perf_counter()]
@@ -87,18 +126,27 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         if progress is not None and name != "done":
             progress(name)
 
+    if strategy not in ("eqsat", "passes"):
+        raise EqsatFuseError(f"unknown strategy {strategy!r}; choose eqsat or passes")
     cost_model = load_cost_model(target)
     stage("import")
     graph = import_model(model, input_shapes)
     stage("encode")
     encoding = encode(graph)
     stage("saturate")
-    egraph, saturation = saturate(encoding, rules, budgets or Budgets(), cost_model.target)
+    if strategy == "passes":
+        egraph, saturation, encoding = saturate_by_passes(
+            encoding, graph, rules, budgets or Budgets(), cost_model.target, cost_model, extractor)
+    elif hard_limits is None:
+        egraph, saturation = saturate(encoding, rules, budgets or Budgets(), cost_model.target)
+    else:
+        egraph, saturation = saturate_in_child(encoding, rules, budgets or Budgets(), hard_limits,
+                                               cost_model.target)
     stage("extract")
     serialized = read_egraph(egraph)
     fill_missing_facts(serialized)
     extraction = extract(serialized, roots_of(serialized, encoding.output_vars), cost_model,
-                         extractor)
+                         extractor, objective=objective, seconds=ilp_seconds)
     shaped_by = shaping_rules(serialized, extraction.choice, extraction.constant, encoding,
                               saturation.rule_files)
     stage("decode")
@@ -117,7 +165,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             name=kernel.name, kind=kernel.kind, ops=kernel.ops, output=kernel.output,
             shape=list(kernel.info.shape), dtype=kernel.info.dtype, predicted_us=cost.us,
             launch_us=cost.launch_us, read_bytes=cost.read_bytes, write_bytes=cost.write_bytes,
-            flops=cost.flops))
+            flops=cost.flops, energy_uj=cost.energy_uj))
     report = Report(
         model=graph.name, target=cost_model.target, backend=backend, extractor=extractor,
         nodes_in=graph.onnx_nodes, nodes_imported=len(graph.nodes),
@@ -125,11 +173,18 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         views=sum(1 for k in plan.kernels if k.kind == "alias"),
         stop_reason=saturation.stop_reason, iterations=saturation.iterations,
         egraph_nodes=saturation.egraph_nodes, matches_per_rule=saturation.matches_per_rule,
-        cost=extraction.cost, peak_bytes=program.memory.arena_bytes,
+        cost=extraction.latency_us, peak_bytes=program.memory.arena_bytes,
         lower_bound_bytes=program.memory.lower_bound_bytes,
         separate_bytes=program.memory.separate_bytes, timings=timings,
         source_opset=graph.source_opset, opaque_ops=graph.opaque_ops, kernels=kernel_reports,
         rules_in_program=shaped_by,
-        backend_report=program.report.as_dict() if program.report else {})
-    return Compiled(program, report, _source_proto(model))
+        backend_report=program.report.as_dict() if program.report else {},
+        objective=objective, energy_uj=extraction.energy_uj,
+        extraction=dict(extraction.details, seconds=extraction.seconds))
+    # for --explain: each fusion is re-extracted, so one ILP run gets at most 10 s there
+    context = ExtractionContext(serialized, extraction, cost_model,
+                                {"seconds": min(ilp_seconds, 10.0)})
+    return Compiled(program, report, _source_proto(model),
+                    source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
+                    extraction=context)
 

@@ -21,6 +21,7 @@ class KernelReport:
     read_bytes: float
     write_bytes: float
     flops: float
+    energy_uj: float | None = None      # predicted microjoules (None: the target gives no energy)
 
 
 @dataclass
@@ -49,6 +50,9 @@ class Report:
     kernels: list[KernelReport] = field(default_factory=list)
     rules_in_program: dict[str, int] = field(default_factory=dict)   # see explain.shaping_rules
     backend_report: dict[str, Any] = field(default_factory=dict)   # lower.BackendReport
+    objective: str = "latency"            # what extraction minimized: latency or energy
+    energy_uj: float | None = None        # predicted microjoules (None: no [energy] in the target)
+    extraction: dict[str, Any] = field(default_factory=dict)   # extractor details (ILP gap...)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +70,10 @@ class Report:
             f"(+ {self.views} views that move no data)",
             f"saturation    {self.stop_reason} after {self.iterations} iterations, "
             f"{self.egraph_nodes} e-nodes",
-            f"cost          {self.cost:.1f} us predicted",
+            f"cost          {self.cost:.1f} us predicted"
+            + (f", {self.energy_uj:.1f} uJ" if self.energy_uj is not None else "")
+            + (f" (minimizing {self.objective})" if self.objective != "latency" else "")
+            + _extraction_note(self.extraction),
             f"memory        peak {self.peak_bytes / 1024:.1f} KiB (lower bound "
             f"{self.lower_bound_bytes / 1024:.1f} KiB, separate {self.separate_bytes / 1024:.1f} KiB)",
             "time          " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()),
@@ -91,3 +98,19 @@ class Report:
             for key, count in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0])):
                 lines.append(f"  {count:4d} x {key}")
         return "\n".join(lines)
+
+
+def _extraction_note(details: dict[str, Any]) -> str:
+    """The ILP's word on its answer: proved optimal, or the gap left at the time limit."""
+    if "gap" not in details:
+        return ""
+    gap = details["gap"]
+    horizon = details.get("horizon")
+    scope = (f" among bodies <= {int(horizon)} ops deep" if isinstance(horizon, (int, float))
+             and horizon != float("inf") else "")
+    if gap is None:
+        return "; ILP: no bound"
+    if gap <= 1e-6:
+        return f"; ILP: optimal{scope}"
+    return f"; ILP: within {100 * gap:.2f}% of optimal{scope} (time limit)"
+

@@ -2616,8 +2616,8 @@ def check_rules(files: Iterable[str | Path] | None = None, examples: int = 50, s
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise EqsatFuseError("the rule checker needs hypothesis: pip install hypothesis "
-                             "(or eqsat-fuse[test])") from None
+        raise EqsatFuseError("the rule checker needs hypothesis, a dependency of eqsat-fuse "
+                             "that is missing here: pip install hypothesis") from None
     from .resources import all_target_rule_files, rule_files
     from .saturate import RuleProgram
 

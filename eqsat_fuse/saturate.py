@@ -20,7 +20,7 @@ from pathlib import Path
 from egglog import bindings
 
 from .encode import Encoding
-from .errors import RuleFileError
+from .errors import EqsatFuseError, RuleFileError
 from .resources import rule_files, schedule_file, target_rule_files
 
 # Commands a user's rule file may contain. Everything else (include, input, output, extract,
@@ -63,6 +63,25 @@ class SaturationReport:
     matches_per_rule: dict[str, int] = field(default_factory=dict)
     rule_files: list[str] = field(default_factory=list)
     rules: dict[str, RuleInfo] = field(default_factory=dict)
+
+
+MAX_NESTING = 500
+
+
+def _check_nesting(text: str, filename: str) -> None:
+    """Refuse text nested deeper than MAX_NESTING parentheses: egglog's recursive parser would
+    overflow its stack and take the whole process down."""
+    depth = 0
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        code = line.split(";", 1)[0]
+        for column, char in enumerate(code, start=1):
+            if char == "(":
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise RuleFileError(f"nested more than {MAX_NESTING} parentheses deep",
+                                        file=filename, line=line_number, column=column)
+            elif char == ")":
+                depth = max(0, depth - 1)
 
 
 def _location(text: str, offset: int) -> tuple[int, int]:
@@ -159,6 +178,7 @@ class RuleProgram:
             self.iteration = iteration
 
     def _parse(self, text: str, filename: str):
+        _check_nesting(text, filename)
         try:
             return self.egraph.parse_program(text, filename=filename)
         except Exception as exc:
@@ -173,6 +193,12 @@ class RuleProgram:
             name, ruleset, span = command.rewrite.name, command.name, command.rewrite.span
         elif kind == "RuleCommand":
             name, ruleset, span = command.rule.name, command.rule.ruleset, command.rule.span
+            for action in command.rule.head:
+                if type(action).__name__ == "Panic":
+                    line, column = _location(text, action.span.i)
+                    raise RuleFileError(f"rule {name or '(unnamed)'!r} has a panic action, which "
+                                        f"would abort the whole run; rules may only add terms, "
+                                        f"unions and facts", file=file, line=line, column=column)
         else:
             return
         if not name:
@@ -212,7 +238,11 @@ def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
         if time.perf_counter() - started >= budgets.seconds:
             stop_reason = "time budget"
             break
-        outputs = egraph.run_program(*program.iteration)
+        try:
+            outputs = egraph.run_program(*program.iteration)
+        except Exception as exc:   # egglog's own error type: a rule failed while running
+            raise EqsatFuseError(f"egglog failed while running the rules (iteration "
+                                 f"{iterations + 1}): {exc}") from None
         iterations += 1
         changed, can_stop = False, True
         for output in outputs:

@@ -1,0 +1,84 @@
+"""The fixed-order baseline: the same rules, applied as a classic pass pipeline.
+
+Instead of keeping every alternative in one e-graph, each pass saturates one ruleset on the
+current program, commits to the cheapest program under the target's cost model and discards
+the rest, which is what a pass that rewrites in place does. The passes run in a set order
+(canon, fold, fuse, then any target or user rulesets) and the pipeline repeats until a whole
+round no longer lowers the cost. Comparing it with equality saturation shows what committing
+early, in a fixed order, costs (`eqsat-fuse compare`, strategy `passes`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .costmodel import CostModel
+from .encode import Encoding, encode_choice
+from .extract import extract, roots_of
+from .ir import Graph
+from .saturate import Budgets, RuleProgram, SaturationReport
+from .serialized import fill_missing_facts, read_egraph
+
+SHIPPED_PASSES = ("canon", "fold", "fuse")
+
+
+def _load(program: RuleProgram, encoding: Encoding) -> None:
+    egraph = program.egraph
+    egraph.run_program(*egraph.parse_program(encoding.program, filename="<program>"))
+
+
+def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | Path] | None,
+                       budgets: Budgets, target: str | None, cost_model: CostModel,
+                       extractor: str = "greedy-dag"):
+    """Run the pass pipeline; returns (e-graph holding the final program, report, its encoding).
+
+    Each pass runs its ruleset (under the back-off scheduler) until it stops changing the
+    e-graph or `budgets.iterations` runs; `budgets.seconds` bounds the whole pipeline.
+    """
+    started = time.perf_counter()
+    probe = RuleProgram(user_rules, target)
+    passes = [*SHIPPED_PASSES, *(r for r in probe.rulesets
+                                  if r not in SHIPPED_PASSES and r != "analysis")]
+    matches: dict[str, int] = {}
+    current, best_cost = encoding, float("inf")
+    rounds, stop_reason, nodes = 0, "iteration budget", 0
+    while rounds < budgets.iterations and stop_reason == "iteration budget":
+        rounds += 1
+        round_start_cost = best_cost
+        for ruleset in passes:
+            if time.perf_counter() - started >= budgets.seconds:
+                stop_reason = "time budget"
+                break
+            program = RuleProgram(user_rules, target)
+            _load(program, current)
+            step = program.egraph.parse_program(
+                f"(run-schedule (seq (saturate (run analysis)) (run-with $backoff {ruleset})))",
+                filename="<pass>")
+            for _ in range(budgets.iterations):
+                changed = False
+                for output in program.egraph.run_program(*step):
+                    changed |= output.report.updated
+                    for rule, count in output.report.num_matches_per_rule.items():
+                        matches[rule] = matches.get(rule, 0) + count
+                if not changed:
+                    break
+            eg = read_egraph(program.egraph)
+            fill_missing_facts(eg)
+            nodes = max(nodes, len(eg.nodes))
+            chosen = extract(eg, roots_of(eg, current.output_vars), cost_model, extractor)
+            current = encode_choice(eg, chosen.choice, current, graph)
+            best_cost = min(best_cost, chosen.cost)
+        else:
+            if best_cost >= round_start_cost * (1 - 1e-9):
+                stop_reason = "passes converged"
+    final = RuleProgram(user_rules, target)
+    _load(final, current)
+    final.egraph.run_program(*final.egraph.parse_program("(run-schedule (saturate (run analysis)))",
+                                                         filename="<analysis>"))
+    report = SaturationReport(
+        stop_reason=stop_reason, iterations=rounds, egraph_nodes=nodes,
+        seconds=time.perf_counter() - started,
+        matches_per_rule={r: c for r, c in sorted(matches.items()) if c},
+        rule_files=final.files, rules=final.rules)
+    return final.egraph, report, current
