@@ -44,7 +44,9 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ilp-seconds", type=float, default=30.0, metavar="S",
                         help="time limit of the ILP extractor (default 30); on a stop the report "
                              "gives the gap to optimal")
-    parser.add_argument("--backend", default="numpy", help="numpy (default)")
+    parser.add_argument("--backend", default="numpy", choices=["numpy", "numba"],
+                        help="numpy (default) or numba (each fused kernel JIT-compiled, cached "
+                             "on disk)")
     parser.add_argument("--input-shape", action="append", type=_input_shape, default=[],
                         metavar="NAME=D1,D2,...", help="static shape for a dynamic input")
     parser.add_argument("--max-iterations", type=int, default=Budgets.iterations,
@@ -381,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "more than one makes measured times noisier)")
     compare.add_argument("--scheduler", metavar="ADDRESS",
                          help="run the cells on this Dask distributed scheduler")
-    compare.add_argument("--backend", default="numpy", help="backend to time (default numpy)")
+    compare.add_argument("--backend", default="numpy", choices=["numpy", "numba"],
+                         help="backend to time (default numpy)")
     compare.add_argument("--repeats", type=int, default=10, help="timed runs per cell (median)")
     compare.add_argument("--seed", type=int, default=0, help="seed of the inputs")
     compare.add_argument("--ilp-seconds", type=float, default=30.0,
