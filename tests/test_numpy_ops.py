@@ -679,6 +679,21 @@ def test_average_pool_ceil_mode_edges(n, k, pb, pe, s, d, cip):
     check("AveragePool", F.average_pool, [x], kw, kw)
 
 
+@pytest.mark.parametrize("ks, strides, dil, pads, ceil", [
+    ([7, 7], [1, 1], [1, 1], [3, 3, 3, 3], 0),      # a 7x7 window: one reduction over a view
+    ([6, 6], [2, 3], [2, 1], [1, 2, 0, 1], 1),      # dilated, ceil-mode overhang
+    ([20, 20], [20, 20], [1, 1], [0, 0, 0, 0], 1),  # a whole-image window (EfficientNet's)
+    ([4, 4, 3], [1, 2, 1], [1, 1, 2], [1, 0, 1, 2, 1, 0], 1),
+])
+def test_pools_with_large_windows(ks, strides, dil, pads, ceil):
+    x = _pool_input(dict(N=2, C=3, spatial=[20, 20] if len(ks) == 2 else [9, 8, 7], seed=3))
+    kw = dict(kernel_shape=ks, pads=pads, strides=strides, dilations=dil, ceil_mode=ceil)
+    check("MaxPool", F.max_pool, [x], kw, kw, exact=True)
+    for cip in (0, 1):
+        check("AveragePool", F.average_pool, [x], dict(kw, count_include_pad=cip),
+              dict(kw, count_include_pad=cip))
+
+
 @pytest.mark.parametrize("nd", [1, 2, 3])
 def test_pools_window_of_padding_only(nd):
     # kernel 2, dilation 2, pad 1 on a length-1 axis: the only window holds just padding
