@@ -29,12 +29,15 @@ Kernel families:
   transposes so transposed or sliced views need no packing copy), then the fused epilogue;
 - Softmax and LayerNormalization: one row at a time, prologue (the fused elementwise input),
   the row statistics in 16 independent lanes (a vectorized reduction without reassociation)
-  and the epilogue; ReduceMean/ReduceSum over trailing axes, pooling (2-D);
+  and the epilogue; ReduceMean/ReduceSum over trailing axes (an epilogue that reads the
+  reduced input or a prologue value, x - mean(x) or Softmax written out, runs per element of
+  the row after its sum), pooling (2-D);
 - data movement (Concat, Gather, constant Pad, views that strides cannot express) as
   generated strided copies.
 
 Anything else falls back to the NumPy evaluation of that kernel (writing into the same arena
-slot); `fallbacks` lists those kernels with the reason.
+slot); `fallbacks` lists those kernels with the reason. So do kernels on dtypes Numba has no
+type for (bfloat16, float8, int4...) and kernels with an empty operand or output.
 
 Float16 storage: a buffer stored as float16 is held as uint16 here (Numba has no float16) and
 converted with the F16C instructions on load and store; arithmetic is float32.
@@ -170,11 +173,18 @@ def _column_split(layouts: list[Layout], shape: tuple[int, ...], min_cols_dims: 
     if n == 0:
         return 0
 
-    def mergeable(d: int) -> bool:       # can dim d merge with dim d+1 for every operand?
+    def mergeable(d: int) -> bool:       # can dim d merge with the dims after it?
+        # size-1 dims are skipped: dim d merges with the next dim of size > 1 (a unit dim
+        # between them must not hide a broadcast: [2,1,1] against [2,1,3])
+        if shape[d] == 1:
+            return True
+        e = d + 1
+        while e < n and shape[e] == 1:
+            e += 1
+        if e == n:
+            return True
         for lay in layouts:
-            if shape[d] == 1 or shape[d + 1] == 1:
-                continue
-            if lay.strides[d] != lay.strides[d + 1] * shape[d + 1]:
+            if lay.strides[d] != lay.strides[e] * shape[e]:
                 return False
         return True
 
@@ -366,6 +376,9 @@ def scalar_expr(node: BodyNode, args: list[str], dtypes: list[str], out_dtype: s
             return f"({a} != 0)"
         if np.dtype(to).kind in "iu" and dtypes[0] in ("float32", "float64", "float16"):
             raise Unsupported("float to integer Cast")
+        if to == "float16" and dtypes[0] != "float16":
+            # float16 values are computed in float32: round to float16 here (ties to even)
+            return f"f16_to_f32(f32_to_f16(np.float32({a})))"
         return f"{_NP_TYPES[to]}({a})" if to in _NP_TYPES else _unsupported(to)
     if op == "Sqrt":
         return f"np.sqrt({a})"
@@ -1364,8 +1377,10 @@ class KernelGen:
             raise Unsupported("row kernel on non-float32")
         x_arg = node.args[0]
         # prologue: the value of x at (r, c); the row space is dims < axis, columns dims >= axis
-        pro_nodes = prologue
-        extra = []
+        pro_nodes = [i for i in self.topo(self.needed(a)) if i != a]
+        # epilogue: everything the output reads other than through the anchor (prologue values
+        # the epilogue reads too are computed again in its loop)
+        epilogue = [i for i in self.topo(self.reachable_without(self.root, a)) if i != a]
         uses_p, space_p = self.plan_operands(pro_nodes, shape, min_cols_dims=rank - axis)
         uses_e, space_e = self.plan_operands(epilogue, shape, min_cols_dims=rank - axis)
         # x itself when it is a boundary
@@ -1421,8 +1436,9 @@ class KernelGen:
                 scale_expr += f" + {bi}"
         values_e: dict[int, str] = {a: "y"}
         hoist_e: list[str] = []
+        self._loads = {}               # the loads are emitted anew in the epilogue's loop
         epi = self.emit_nodes(epilogue, uses_e, space_e, values_e, "        ", "r", "c", hoist_e)
-        last = values_e[epilogue[-1]] if epilogue else "y"
+        last = values_e[self.root]
         m.lines += ["    " + h for h in hoist_e]
         m.lines.append("    for c in range(C):")
         m.lines.append(f"        y = {scale_expr}")
@@ -1475,18 +1491,29 @@ class KernelGen:
         first = axes[0]
         if axes != tuple(range(first, rank)):
             raise Unsupported("reduction over non-trailing axes")
-        uses_p, space_p = self._replan(prologue, in_shape, first)
+        # the prologue the reduction reads (nodes only the epilogue reads are computed there)
+        red_pro = [i for i in self.topo(self.needed(a)) if i != a]
+        uses_p, space_p = self._replan(red_pro, in_shape, first)
         for lay in uses_p.values():
             if _column_split([lay], in_shape, rank - first) > first:
                 raise Unsupported("reduction input strides")
         out_shape = tuple(self.k.info.shape)
         R = int(np.prod(in_shape[:first], dtype=np.int64))
         C = int(np.prod(in_shape[first:], dtype=np.int64))
+        keepdims = node.op == "GlobalAveragePool" or bool(node.attrs.get("keepdims", 1))
+        # the epilogue: after the anchor, or reading a prologue value (Softmax written out)
+        post = self.reachable_without(self.root, a)
+        per_row = int(np.prod(out_shape, dtype=np.int64)) == R and \
+            all(i in epilogue or i == a for i in post)
+        if not per_row:
+            # the epilogue runs per element of the reduced input: x - sum(x, keepdims)
+            if not keepdims or out_shape != tuple(in_shape):
+                raise Unsupported("reduction epilogue of another shape")
         m.lines.append(f"R = {m.int_param(R)}")
         m.lines.append(f"C = {m.int_param(C)}")
         hoist: list[str] = []
         values: dict[int, str] = {}
-        pro = self.emit_nodes(prologue, uses_p, space_p, values, "            ", "r", "c", hoist)
+        pro = self.emit_nodes(red_pro, uses_p, space_p, values, "            ", "r", "c", hoist)
         if x_arg.kind == "node":
             xval = values[x_arg.ref]
         else:
@@ -1495,13 +1522,24 @@ class KernelGen:
                 raise Unsupported("reduction input strides")
             xval = self.operand_expr(a, 0, x_arg, {(a, 0): lay}, space_p, "r", "c", hoist,
                                      pro, "            ")
-        # epilogue over the output, one element per row
-        eshape = out_shape
-        uses_e, space_e = self._replan(epilogue, eshape, len(eshape))
         values_e = {a: "y"}
         hoist_e: list[str] = []
-        epi = self.emit_nodes(epilogue, uses_e, space_e, values_e, "    ", "r", None, hoist_e)
-        last = values_e[epilogue[-1]] if epilogue else "y"
+        if per_row:
+            # epilogue over the output, one element per row
+            eshape = out_shape
+            uses_e, space_e = self._replan(epilogue, eshape, len(eshape))
+            epi = self.emit_nodes(epilogue, uses_e, space_e, values_e, "    ", "r", None,
+                                  hoist_e)
+        else:
+            post_nodes = [i for i in self.topo(post) if i != a]
+            uses_e, space_e = self._replan(post_nodes, in_shape, first)
+            for lay in uses_e.values():
+                if _column_split([lay], in_shape, rank - first) > first:
+                    raise Unsupported("reduction epilogue strides")
+            self._loads = {}           # the loads are emitted anew in the epilogue's loop
+            epi = self.emit_nodes(post_nodes, uses_e, space_e, values_e, "        ", "r", "c",
+                                  hoist_e)
+        last = values_e[self.root]
         # the sum in 16 lanes (independent chains LLVM vectorizes), then the remainder
         m.lines.append("PART = np.empty(K.LANES, np.float32)")
         m.lines.append(f"CF = C - C % K.LANES")
@@ -1522,8 +1560,25 @@ class KernelGen:
         m.lines.append(f"        s += {xval}")
         m.lines.append("    y = s / F32(C)" if mean else "    y = s")
         m.lines += ["    " + h for h in hoist_e]
-        m.lines += epi
-        m.lines.append(f"    out[U(r)] = {self.store_expr(last)}")
+        if per_row:
+            m.lines += epi
+            m.lines.append(f"    out[U(r)] = {self.store_expr(last)}")
+        else:
+            m.lines.append("    for c in range(C):")
+            m.lines += epi
+            m.lines.append(f"        out[U(r * C + c)] = {self.store_expr(last)}")
+
+    def reachable_without(self, root: int, a: int) -> set[int]:
+        """The body nodes `root` depends on (itself included) other than through node `a`."""
+        seen, stack = set(), [root]
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            if i != a:
+                stack.extend(x.ref for x in self.body[i].args if x.kind == "node")
+        return seen
 
     def value_shape(self, arg: Operand) -> tuple[int, ...]:
         """The shape of an operand, or of an inline elementwise value (NumPy broadcasting)."""
@@ -1725,7 +1780,12 @@ class NumbaBackend:
         lay = self.layouts.get(a.ref)
         if lay is None:
             raise Unsupported("an operand without a layout")
-        return Tensor(lay.storage, self.dtype_of(a.ref), self.stored_dtype(lay.storage), lay)
+        dtype = self.dtype_of(a.ref)
+        if dtype not in _NP_TYPES:     # bfloat16, float8, int4...: Numba has no such type
+            raise Unsupported(f"operand of dtype {dtype}")
+        if lay.size == 0:
+            raise Unsupported("an empty operand")
+        return Tensor(lay.storage, dtype, self.stored_dtype(lay.storage), lay)
 
     # -- kernels --
     def prepare(self, kernel: Kernel) -> Impl:
@@ -1735,6 +1795,8 @@ class NumbaBackend:
         k = Kernel(kernel.name, kernel.output, kernel.inputs, body, kernel.kind, kernel.info,
                    kernel.eclass)
         gen = KernelGen(self, k)
+        if int(np.prod(kernel.info.shape, dtype=np.int64)) == 0:
+            raise Unsupported("an empty output")
         if kernel.info.dtype not in ("float32", "float64", "int64", "int32", "bool") and \
                 gen.out_stored != "float16":
             raise Unsupported(f"output dtype {kernel.info.dtype}")

@@ -62,15 +62,7 @@ EXCLUDED: dict[str, tuple[str, str]] = {
 # strict xfails, so the suite says so ("XPASS(strict)") when one is fixed and can leave this list.
 # Patterns are regular expressions matched against the whole case name.
 KNOWN_BACKEND_BUGS: dict[str, list[tuple[str, str]]] = {
-    "numba": [
-        (r"test_cast_(e8m0_)?(BFLOAT16|FLOAT8\w+|U?INT[24]|FLOAT4E2M1)_to_FLOAT(16)?",
-         "backend_numba: reading bfloat16, 8-, 4- and 2-bit inputs (NumbaNotImplementedError)"),
-        (r"test_softmax_(example|large_number|axis_2|negative_axis|default_axis)_expanded"
-         r"(_ver18)?",
-         "backend_numba: KeyError in gen_reduce on ReduceMax then ReduceSum of one row"),
-        (r"test_reduce_sum_empty_set_non_reduced_axis_zero_frozen",
-         "backend_numba: IndexError in operand_expr on a reduction over an empty tensor"),
-    ],
+    "numba": [],
 }
 
 # Inputs that act as attributes (the term language holds them as attributes), by position.
