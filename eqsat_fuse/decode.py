@@ -81,6 +81,9 @@ def decode(eg: SerializedEGraph, extraction: Extraction, encoding: Encoding,
             index_of: dict[int, int] = {}
             for k in _postorder(c, lambda k: operands_of(node_of(k))):
                 n = node_of(k)
+                if n.op == "Mat":           # a kernel boundary inside a folded constant: none
+                    index_of[k] = index_of[n.children[0]]
+                    continue
                 args = [Operand("absent") if node_of(a).op == "Absent"
                         else Operand("node", index_of[a]) for a in operands_of(n)]
                 index_of[k] = len(body)

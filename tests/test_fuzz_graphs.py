@@ -3,7 +3,6 @@ onnxruntime, plus checks of the generator itself and the regressions the fuzzing
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 import numpy as np
@@ -86,53 +85,11 @@ def test_check_case_reports_a_wrong_rule(tmp_path):
 
 # ---- compiled models against onnxruntime ---------------------------------------------------------
 
-def _mismatched_outputs(message: str) -> dict[str, str]:
-    """{output name: its max |diff|} for the outputs `check_case` reports as MISMATCH."""
-    return dict(re.findall(r"^\s+(\S+): MISMATCH\s+max \|diff\| (\S+),", message, re.M))
-
-
-def _has_op(case: GraphCase, *ops: str) -> bool:
-    return any(n.op_type in ops for n in case.model.graph.node)
-
-
-def _numba_values(case: GraphCase, message: str, backend: str, *ops: str) -> bool:
-    return (backend == "numba" and message.startswith("eqsat-fuse differs")
-            and "inf" not in _mismatched_outputs(message).values() and _has_op(case, *ops))
-
-
-_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Sum", "Max", "Min"}
-
-
-def _broadcast_next_to_unit_axis(case: GraphCase) -> bool:
-    """Some elementwise node broadcasts an operand while its output has a size-1 axis."""
-    model = onnx.shape_inference.infer_shapes(case.model)
-    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
-              for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
-    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
-    for node in model.graph.node:
-        out = shapes.get(node.output[0])
-        if node.op_type not in _ELEMENTWISE or out is None or 1 not in out:
-            continue
-        if any(shapes.get(i, out) != out for i in node.input if i):
-            return True
-    return False
-
-
 # Failures of bugs that a strict xfail in REGRESSIONS (below) already records. The fuzz tests
 # let them pass (counted as a Hypothesis event), so that they keep looking for new bugs. When a
 # bug is fixed its xfail turns into XPASS(strict): delete both its entry here and its marks.
-KNOWN_BUGS: dict[str, Callable[[GraphCase, str, str], bool]] = {
-    "numba-reduce-epilogue-keyerror": lambda case, message, backend: (
-        backend == "numba" and re.search(r"failed to compile the model\nKeyError: \d+", message)
-        is not None),
-    "numba-reduce-epilogue-values": lambda case, message, backend: _numba_values(
-        case, message, backend, "ReduceSum", "ReduceMean"),
-    "numba-split-view": lambda case, message, backend: _numba_values(case, message, backend,
-                                                                    "Split"),
-    "numba-broadcast-unit-axis": lambda case, message, backend: (
-        _numba_values(case, message, backend, *_ELEMENTWISE)
-        and _broadcast_next_to_unit_axis(case)),
-}
+# None open today.
+KNOWN_BUGS: dict[str, Callable[[GraphCase, str, str], bool]] = {}
 
 
 def check(case: GraphCase, backend: str = "numpy", **compile_kwargs):
@@ -265,36 +222,63 @@ FIXED = [
     _fixed("gather-scalar-index-axis1-numba", """
         g (float[2,2] x0) => (float[2] v1) <int64 i = {1}> {
             v1 = Gather <axis: int = 1> (x0, i) }""", backend="numba"),
+    # was: KeyError in backend_numba.emit_nodes (gen_reduce): a reduction whose epilogue reads
+    # the reduction's own prologue value (Softmax written out)
+    _fixed("numba-reduce-epilogue-keyerror", """
+        g (float[2] x0) => (float[2] v4) <int64[1] axes = {0}> {
+            v1 = Exp (x0)
+            v3 = ReduceSum <keepdims: int = 1> (v1, axes)
+            v4 = Div (v1, v3) }""", backend="numba"),
+    # was: ReduceSum(keepdims) fused with an epilogue reading the reduced input (x - sum(x))
+    # wrote one element per row (the rest garbage)
+    _fixed("numba-reduce-epilogue-values", """
+        g (float[3] x0) => (float[3] v4) <int64[1] axes = {0}> {
+            v3 = ReduceSum <keepdims: int = 1> (x0, axes)
+            v4 = Sub (x0, v3) }""", backend="numba"),
+    # was: the elementwise column axis merged dims across a size-1 dim without checking
+    # their strides: a Split view along axis 1 was read as contiguous memory
+    _fixed("numba-split-view", """
+        g (float[2,2,2] x0) => (float[2,1,2] v4) <int64[2] s = {1, 1}> {
+            v2, v3 = Split <axis: int = 1> (x0, s)
+            v4 = Relu (v3) }""", backend="numba"),
+    # was: the same cause: [2,1,1] broadcast against [2,1,3] read c[0] in every row
+    _fixed("numba-broadcast-unit-axis", """
+        g (float[2,1,3] x0) => (float[2,1,3] v1) <float[2,1,1] c = {10, 20}> {
+            v1 = Add (x0, c) }""", backend="numba"),
+    # was: a Softmax epilogue reading a boundary operand the prologue also read reused the
+    # prologue loop's last loaded value (a stale load cached across the two row loops)
+    _fixed("numba-rows-epilogue-reads-input", """
+        g (float[7] x0) => (float[7] v3) {
+            v2 = Softmax <axis: int = -1> (x0)
+            v3 = Mul (v2, x0) }""", backend="numba"),
+    # was: KeyError in backend_numba.emit_nodes (gen_rows): the epilogue read a prologue value
+    _fixed("numba-rows-epilogue-reads-prologue", """
+        g (float[3,7] x0) => (float[3,7] v3) {
+            v1 = Exp (x0)
+            v2 = Softmax <axis: int = -1> (v1)
+            v3 = Mul (v2, v1) }""", backend="numba"),
+    # was: Cast to float16 inside a Numba kernel did not round (float16 is computed as float32)
+    _fixed("numba-cast-float16-rounds", """
+        g (float[2,3] x0) => (float[2,3] v3) {
+            v1 = Cast <to: int = 10> (x0)
+            v2 = Cast <to: int = 1> (v1)
+            v3 = Sub (x0, v2) }""", backend="numba"),
+    # was: the constant expression decode built for a shared folded constant held a Mat node
+    # (a kernel boundary), and lower.fold_constants failed: "no NumPy evaluation for
+    # term-language op 'Mat'" (both backends)
+    _fixed("const-expr-holds-mat", """
+        g (float[1] x0) => (float[2] v2) <float[2] c = {1.5, -1.5}> {
+            v1 = Relu (c)
+            v2 = Sum (v1, v1, x0) }"""),
+    _fixed("const-expr-holds-mat-numba", """
+        g (float[1] x0) => (float[2] v2) <float[2] c = {1.5, -1.5}> {
+            v1 = Relu (c)
+            v2 = Sum (v1, v1, x0) }""", backend="numba"),
 ]
 
 # Minimal models on which eqsat-fuse fails today: strict xfails, so each one fails the suite
 # (XPASS(strict)) once it is fixed; then move it to FIXED and drop its KNOWN_BUGS entry.
-REGRESSIONS = [
-    _bug("numba-reduce-epilogue-keyerror", """
-        g (float[2] x0) => (float[2] v4) <int64[1] axes = {0}> {
-            v1 = Exp (x0)
-            v3 = ReduceSum <keepdims: int = 1> (v1, axes)
-            v4 = Div (v1, v3) }""",
-         "a reduction whose epilogue reads the reduction's own prologue value (Softmax written "
-         "out): KeyError 0 in backend_numba.emit_nodes (gen_reduce)", backend="numba"),
-    _bug("numba-reduce-epilogue-values", """
-        g (float[3] x0) => (float[3] v4) <int64[1] axes = {0}> {
-            v3 = ReduceSum <keepdims: int = 1> (x0, axes)
-            v4 = Sub (x0, v3) }""",
-         "ReduceSum(keepdims) fused with an epilogue reading the reduced input (x - sum(x)): "
-         "the elements after the first come out as garbage (3e-41, 0)", backend="numba"),
-    _bug("numba-split-view", """
-        g (float[2,2,2] x0) => (float[2,1,2] v4) <int64[2] s = {1, 1}> {
-            v2, v3 = Split <axis: int = 1> (x0, s)
-            v4 = Relu (v3) }""",
-         "an elementwise kernel on the second output of a Split along axis 1 reads contiguous "
-         "memory from the view's offset, ignoring its strides", backend="numba"),
-    _bug("numba-broadcast-unit-axis", """
-        g (float[2,1,3] x0) => (float[2,1,3] v1) <float[2,1,1] c = {10, 20}> {
-            v1 = Add (x0, c) }""",
-         "broadcasting [2,1,1] against [2,1,3] (the output has a size-1 axis): every row reads "
-         "c[0] (got 10..15, want 10,11,12,23,24,25)", backend="numba"),
-]
+REGRESSIONS: list = []      # none open today
 
 
 @pytest.mark.parametrize("text, backend", FIXED + REGRESSIONS)
