@@ -5,7 +5,7 @@ VENV    := .venv
 PYTHON  := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-slow venv clean
+.PHONY: demo test test-slow fuzz venv clean
 
 demo: $(STAMP)
 	$(VENV)/bin/eqsat-fuse demo
@@ -16,6 +16,10 @@ test: $(STAMP)
 # The long sweeps that the default run skips.
 test-slow: $(STAMP)
 	$(PYTHON) -m pytest -q -m slow
+
+# Random ONNX graphs against onnxruntime: FUZZ_EXAMPLES per backend (default 2000).
+fuzz: $(STAMP)
+	$(PYTHON) -m pytest -q -m fuzz tests/test_fuzz_graphs.py
 
 venv: $(STAMP)
 

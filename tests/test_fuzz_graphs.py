@@ -3,6 +3,7 @@ onnxruntime, plus checks of the generator itself and the regressions the fuzzing
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -155,18 +156,24 @@ def test_matmul_blocks(case):
     check(case)
 
 
-@pytest.mark.slow
-@settings(FUZZ, max_examples=2000)
-@given(onnx_graphs())
-def test_fuzz_graphs_long(case):
-    check(case)
+# `make fuzz`: thousands of graphs per backend (FUZZ_EXAMPLES, default 2000); `make test-slow`
+# runs a shorter sweep through the Numba backend (a JIT compile per new kernel shape: slow).
+FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "2000"))
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@settings(FUZZ, max_examples=FUZZ_EXAMPLES)
+@given(case=onnx_graphs())
+def test_fuzz_graphs_long(backend, case):
+    check(case, backend=backend)
 
 
 @pytest.mark.slow
 @settings(FUZZ, max_examples=150)
 @given(onnx_graphs())
 def test_fuzz_graphs_numba(case):
-    """The same graphs through the Numba backend (a JIT compile per kernel: slow)."""
+    """The same graphs through the Numba backend."""
     check(case, backend="numba")
 
 
