@@ -381,8 +381,8 @@ def pool2d(x, xoff, planes, H, W, kh, kw, sh, sw, ph, pw, pe_h, pe_w, dh, dw, OH
     """Max or average pooling over `planes` planes of H x W into acc (planes x OH x OW).
 
     Tap by tap over whole output rows (the ow loop vectorizes), visiting only taps inside the
-    input: a window far larger than the input (a global pool written as AveragePool) costs
-    its inside taps only. Pad cells never win a max; an average divides by the taps inside
+    input, rows and columns: a window far larger than the input (a global pool written as
+    AveragePool, EfficientNet's 320x320 over 2x2) costs its inside taps only. Pad cells never win a max; an average divides by the taps inside
     the input (or inside the padded input with include_pad), never by ceil-mode overhang; an
     all-padding max window gives the lowest float32, as onnxruntime.
     """
@@ -397,11 +397,17 @@ def pool2d(x, xoff, planes, H, W, kh, kw, sh, sw, ph, pw, pe_h, pe_w, dh, dw, OH
         inside_w[ow] = jb - ja
         da, db = _taps(ow, sw, pw, dw, kw, -pw, W + pe_w)
         padded_w[ow] = db - da
+    # the column taps that reach inside the input for some output column, with that range
     ranges = np.empty((kw, 2), np.int64)
+    active = np.empty(kw, np.int64)
+    n_active = 0
     for j in range(kw):
         oa, ob = _inside(j * dw - pw, sw, OW, W)
         ranges[j, 0] = oa
         ranges[j, 1] = ob
+        if oa < ob:
+            active[n_active] = j
+            n_active += 1
     for p in range(planes):
         src = xoff + p * H * W
         for oh in range(OH):
@@ -411,7 +417,8 @@ def pool2d(x, xoff, planes, H, W, kh, kw, sh, sw, ph, pw, pe_h, pe_w, dh, dw, OH
                 acc[U(k0 + ow)] = start
             for i in range(ia, ib):
                 row = src + (oh * sh - ph + i * dh) * W
-                for j in range(kw):
+                for t in range(n_active):
+                    j = active[t]
                     _pool_taps(acc, k0, x, row + j * dw - pw, ranges[j, 0], ranges[j, 1], sw,
                                is_max)
             rows_in = ib - ia

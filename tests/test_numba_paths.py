@@ -192,6 +192,11 @@ def test_movement_kernels_match_onnxruntime(kernel_cache, rng):
     ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
                          count_include_pad=1)),
     ("AveragePool", dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0])),
+    # dilated column taps, some reaching inside the input only for some output columns
+    ("MaxPool", dict(kernel_shape=[5, 9], dilations=[1, 2], pads=[2, 3, 2, 3], strides=[1, 3],
+                     ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[5, 9], pads=[2, 4, 2, 4], strides=[1, 3], ceil_mode=1,
+                         count_include_pad=0)),
 ])
 def test_pooling_matches_onnxruntime(op, attrs, kernel_cache, rng):
     import onnx
