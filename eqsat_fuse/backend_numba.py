@@ -1730,6 +1730,14 @@ def _runtime_digest() -> str:
 RUNTIME_DIGEST = _runtime_digest()
 
 
+def _holds(path: Path, source: str) -> bool:
+    """Whether the cached module file at `path` holds exactly `source` (only then is it run)."""
+    try:
+        return path.read_text() == source
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 # ---- the backend: sources, cache, compile, bind -----------------------------------------------
 
 class NumbaBackend:
@@ -1827,7 +1835,7 @@ class NumbaBackend:
         folder = self.cache_dir
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{prefix[0]}_{digest}.py"
-        if not path.exists():
+        if not _holds(path, source):     # missing, or truncated or edited since: write it anew
             tmp = folder / f".{prefix[0]}_{digest}.{os.getpid()}.tmp"
             tmp.write_text(source)
             os.replace(tmp, path)

@@ -123,6 +123,31 @@ def test_second_process_loads_kernels_from_the_disk_cache(tmp_path):
     assert compiled_2 == 0 and loaded_2 == compiled_1 + loaded_1
 
 
+def test_an_edited_cache_file_is_rewritten_not_run(tmp_path):
+    """A generated module in the cache is run only if it holds the source its name hashes."""
+    cache = tmp_path / "cache"
+    first = ef.compile(_odd_names_model(), backend="numba", cache_dir=cache)
+    marker = tmp_path / "ran"
+    files = sorted(cache.glob("*.py"))
+    assert files
+    for path in files:     # someone appends code to every cached module
+        path.write_text(path.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
+    # a fresh process (this one has the modules imported already)
+    script = textwrap.dedent(f"""
+        import onnx, eqsat_fuse as ef
+        from test_numba_models import _odd_names_model
+        c = ef.compile(_odd_names_model(), backend="numba", cache_dir={str(cache)!r})
+        print(c.verify().ok)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
+    assert not marker.exists()
+    assert all(str(marker) not in path.read_text() for path in files)   # rewritten
+    assert first.verify().ok
+
+
 def test_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):
     from eqsat_fuse.backend_numba import default_cache_dir
     monkeypatch.setenv("EQSAT_FUSE_CACHE_DIR", str(tmp_path / "k"))
