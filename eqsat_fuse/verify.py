@@ -27,7 +27,7 @@ class OutputCheck:
     name: str
     ok: bool
     max_abs_diff: float
-    max_rel_diff: float
+    max_rel_diff: float          # over the elements with |expected| > atol
     rtol: float
     atol: float
 
@@ -42,7 +42,7 @@ class VerifyResult:
         lines = [f"verify against {self.against}: {'OK' if self.ok else 'MISMATCH'}"]
         for o in self.outputs:
             lines.append(f"  {o.name}: {'ok' if o.ok else 'MISMATCH'}  max |diff| "
-                         f"{o.max_abs_diff:.3g}, max rel {o.max_rel_diff:.3g} "
+                         f"{o.max_abs_diff:.3g}, max rel {o.max_rel_diff:.3g} where |want| > atol "
                          f"(rtol {o.rtol:g}, atol {o.atol:g})")
         return "\n".join(lines)
 
@@ -113,7 +113,9 @@ def compare(actual: dict[str, Any], expected: dict[str, Any], against: str,
             rel = diff / np.maximum(np.abs(want.astype(np.float64)), 1e-30)
             ok = bool(np.all(diff <= atol + rtol * np.abs(want.astype(np.float64))))
             max_abs = float(np.max(diff, initial=0.0))
-            max_rel = float(np.max(np.where(diff > atol, rel, 0.0), initial=0.0))
+            # relative error where it means something: elements larger than atol
+            big = np.abs(want.astype(np.float64)) > atol
+            max_rel = float(np.max(np.where(big, rel, 0.0), initial=0.0))
         else:
             ok = bool(np.array_equal(got, want))
             max_abs = 0.0 if ok else float("inf")

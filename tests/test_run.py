@@ -55,3 +55,17 @@ def test_memory_plan_peak_is_between_the_lower_bound_and_separate_allocation():
     from conftest import MODELS_DIR
     report = ef.compile(MODELS_DIR / "mobilenetv2_tiny_op17.onnx").report
     assert 0 < report.lower_bound_bytes <= report.peak_bytes < report.separate_bytes
+
+
+def test_verify_reports_relative_error_over_elements_above_atol():
+    from eqsat_fuse.verify import compare
+    want = np.array([1e-6, 2.0, -4.0], np.float32)
+    got = np.array([0.0, 2.002, -4.0], np.float32)       # 1e-3 relative on 2.0: within rtol
+    result = compare({"y": got}, {"y": want}, "test")
+    (check,) = result.outputs
+    assert check.ok
+    assert abs(check.max_rel_diff - 1e-3) < 1e-5          # not 1.0 from the tiny first element
+    assert abs(check.max_abs_diff - 2e-3) < 1e-5
+    assert "max rel 0.001 where |want| > atol" in result.summary()
+    bad = compare({"y": np.array([0.0, 2.1, -4.0], np.float32)}, {"y": want}, "test")
+    assert not bad.ok and "MISMATCH" in bad.summary()
