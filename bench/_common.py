@@ -190,11 +190,20 @@ def cnn_model(blocks=2, channels=64, size=56, seed=0):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def elementwise_model(n=1 << 22, length=6, seed=0):
-    """A model dominated by elementwise work: swish / gelu / bias chains on a large tensor."""
+# The ops of the elementwise chains, in order: with the transcendental functions of swish and
+# GELU, or arithmetic only (memory-bound at any length).
+CHAIN_OPS = {
+    "mixed": ["Mul", "Add", "Sigmoid", "Mul", "Tanh", "Add", "Erf", "Mul", "Relu", "Sub"],
+    "arithmetic": ["Mul", "Add", "Relu", "Sub", "LeakyRelu", "Mul", "Add", "Neg", "Sub", "Relu"],
+}
+
+
+def elementwise_model(n=1 << 22, length=6, seed=0, kind="mixed"):
+    """A model dominated by elementwise work: swish / gelu / bias chains on a large tensor
+    (`kind` "mixed"), or chains of arithmetic only ("arithmetic")."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
-    ops = ["Mul", "Add", "Sigmoid", "Mul", "Tanh", "Add", "Erf", "Mul", "Relu", "Sub"]
+    ops = CHAIN_OPS[kind]
     rng = np.random.default_rng(seed)
     inits = {"a": np.float32(1.5) * np.ones(64, np.float32), "b": _init(rng, (64,), 0.1)}
     nodes, x = [], "x"

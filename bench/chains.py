@@ -1,9 +1,12 @@
 """Fused elementwise chains of growing length: GB/s of the eqsat-fuse Numba kernel against a
 memory copy of the same bytes (the bandwidth limit) and against onnxruntime, same run.
 
-    .venv/bin/python bench/chains.py [--threads N] [--elements N]
+    .venv/bin/python bench/chains.py [--threads N] [--elements N] [--kind mixed|arithmetic|both]
 
 Bytes per run = input read once + output written once (what a fused kernel must move).
+Two kinds of chain: "mixed" (swish/GELU-like: Sigmoid, Tanh and Erf among the ops, which
+makes long chains compute-bound on one core) and "arithmetic" (Mul, Add, Sub, Relu,
+LeakyRelu, Neg: memory-bound at any length). Default: both.
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ THREADS = set_threads(sys.argv)
 import numpy as np  # noqa: E402
 
 import eqsat_fuse as ef  # noqa: E402
-from _common import elementwise_model, measure, ort_session  # noqa: E402
+from _common import CHAIN_OPS, elementwise_model, measure, ort_session  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
     n = 1 << 24
     if "--elements" in argv:
         n = int(argv[argv.index("--elements") + 1])
+    kind = argv[argv.index("--kind") + 1] if "--kind" in argv else "both"
+    kinds = list(CHAIN_OPS) if kind == "both" else [kind]
+    if any(k not in CHAIN_OPS for k in kinds):
+        sys.exit(f"chains.py: --kind is one of {', '.join(CHAIN_OPS)}, both")
     x = np.random.default_rng(0).standard_normal(n).astype(np.float32).reshape(n // 64, 64)
     dst = np.empty_like(x)
     nbytes = 2 * x.nbytes
@@ -35,8 +42,10 @@ def main(argv: list[str]) -> None:
             f"{'ORT GB/s':>8s} {'x ORT':>6s} {'kernels':>7s}")
     print(head)
     print("-" * len(head))
-    for length in (1, 2, 3, 4, 6, 8, 10):
-        model = elementwise_model(n, length)
+    for kind, length in [(k, length) for k in kinds for length in (1, 2, 3, 4, 6, 8, 10)]:
+        if length == 1 and kind != kinds[0]:
+            print()
+        model = elementwise_model(n, length, kind=kind)
         ops = "+".join(node.op_type for node in model.graph.node)
         program = ef.compile(model, backend="numba")
         feeds = {"x": x}
