@@ -483,6 +483,8 @@ def _pool_geometry(x, kernel_shape, pads, strides, dilations, ceil_mode):
 # Above this many taps a window is reduced in one call over a strided window view (a Python
 # loop over the taps of a 320x320 window took 0.4 s); below it, a loop of whole-tensor ops.
 _MANY_TAPS = 32
+# Large windows and at most this many outputs: reduced window by window, unpadded.
+_FEW_WINDOWS = 64
 
 
 def _window_reduce(xp, ks, dil, out_sp, st, reduce):
@@ -494,6 +496,31 @@ def _window_reduce(xp, ks, dil, out_sp, st, reduce):
     sel += tuple(builtins.slice(0, (o - 1) * s + 1, s) for o, s in zip(out_sp, st))
     sel += tuple(builtins.slice(None, None, d) for d in dil)
     return reduce.reduce(v[sel], axis=tuple(range(2 + nd, 2 + 2 * nd)))
+
+
+def _few_windows(x, ks, pb, pe, st, out_sp, is_max, include_pad=False):
+    """Pooling window by window over the input's own cells (no padded copy), for few outputs
+    of undilated windows: a window far larger than the input (a global pool written as
+    AveragePool 320x320 over 2x2 in ceil mode) would otherwise pad the input to its size."""
+    nd = len(ks)
+    out = np.empty(x.shape[:2] + tuple(out_sp), dtype=x.dtype)
+    axes = tuple(range(2, 2 + nd))
+    for idx in np.ndindex(*out_sp):
+        window, inside, padded = [], 1, 1
+        for o, k, a, e, s, n in zip(idx, ks, pb, pe, st, x.shape[2:]):
+            lo, hi = o * s - a, o * s - a + k
+            window.append(builtins.slice(builtins.max(lo, 0), builtins.min(hi, n)))
+            inside *= builtins.max(0, builtins.min(hi, n) - builtins.max(lo, 0))
+            padded *= builtins.max(0, builtins.min(hi, n + e) - builtins.max(lo, -a))
+        cells = x[(builtins.slice(None),) * 2 + tuple(window)]
+        at = (builtins.slice(None),) * 2 + idx
+        if is_max:
+            out[at] = np.max(cells, axis=axes) if inside else (
+                np.finfo(x.dtype).min if _is_float(x.dtype) else np.iinfo(x.dtype).min)
+        else:
+            count = padded if include_pad else inside
+            out[at] = np.sum(cells, axis=axes) / x.dtype.type(count) if count else 0
+    return out
 
 
 def _pool_taps(ks, dil, out_sp, st):
@@ -510,6 +537,9 @@ def max_pool(x, *, kernel_shape, pads, strides, dilations, ceil_mode):
     x = np.asarray(x)
     nd, ks, pb, pe, st, dil, out_sp, extra = _pool_geometry(
         x, kernel_shape, pads, strides, dilations, ceil_mode)
+    if math.prod(ks) > _MANY_TAPS and math.prod(out_sp) <= _FEW_WINDOWS and \
+            all(d == 1 for d in dil):
+        return _few_windows(x, ks, pb, pe, st, out_sp, is_max=True)
     if _is_float(x.dtype):
         fill = -np.inf
     else:
@@ -546,6 +576,10 @@ def average_pool(x, *, kernel_shape, pads, strides, dilations, ceil_mode, count_
     nd, ks, pb, pe, st, dil, out_sp, extra = _pool_geometry(
         x, kernel_shape, pads, strides, dilations, ceil_mode)
     xw = _up(x)
+    if math.prod(ks) > _MANY_TAPS and math.prod(out_sp) <= _FEW_WINDOWS and \
+            all(d == 1 for d in dil):
+        return _down(_few_windows(xw, ks, pb, pe, st, out_sp, is_max=False,
+                                  include_pad=bool(count_include_pad)), x.dtype)
     xp = np.pad(xw, [(0, 0), (0, 0)] + [(a, e + c) for a, e, c in zip(pb, pe, extra)])
     if math.prod(ks) > _MANY_TAPS:
         out = _window_reduce(xp, ks, dil, out_sp, st, np.add)

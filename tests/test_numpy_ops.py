@@ -684,6 +684,11 @@ def test_average_pool_ceil_mode_edges(n, k, pb, pe, s, d, cip):
     ([6, 6], [2, 3], [2, 1], [1, 2, 0, 1], 1),      # dilated, ceil-mode overhang
     ([20, 20], [20, 20], [1, 1], [0, 0, 0, 0], 1),  # a whole-image window (EfficientNet's)
     ([4, 4, 3], [1, 2, 1], [1, 1, 2], [1, 0, 1, 2, 1, 0], 1),
+    # windows larger than the input, few outputs: reduced window by window, never padded to
+    # the window's size (EfficientNet's 320x320 AveragePool over 2x2 padded 131 MB)
+    ([32, 32], [32, 32], [1, 1], [0, 0, 0, 0], 1),
+    ([9, 12], [6, 9], [1, 1], [2, 4, 3, 0], 1),
+    ([9, 8, 7], [9, 8, 7], [1, 1, 1], [0, 0, 0, 0, 0, 0], 0),
 ])
 def test_pools_with_large_windows(ks, strides, dil, pads, ceil):
     x = _pool_input(dict(N=2, C=3, spatial=[20, 20] if len(ks) == 2 else [9, 8, 7], seed=3))
