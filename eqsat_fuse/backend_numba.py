@@ -357,6 +357,8 @@ def scalar_expr(node: BodyNode, args: list[str], dtypes: list[str], out_dtype: s
         return f"(-{a})"
     if not is_float and op not in ("Relu", "Where", "Cast", "Clip"):
         raise Unsupported(f"{op} on {out_dtype}")
+    if op == "Abs":
+        return f"abs({a})"
     if op == "Relu":
         return f"({lit(0)} if {a} < {lit(0)} else {a})"
     if op == "LeakyRelu":

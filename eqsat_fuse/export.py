@@ -674,7 +674,8 @@ _FLOAT8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
 
 # Ops written as the ONNX op of the same name with their inputs and no attributes.
 _PLAIN = {"Relu", "Sigmoid", "HardSwish", "Tanh", "Erf", "Add", "Sub", "Mul", "Div", "Pow",
-          "Sqrt", "Exp", "Log", "Neg", "Reciprocal", "Where", "Identity", "Dropout", "MatMul",
+          "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Where", "Identity", "Dropout",
+          "MatMul",
           "GlobalAveragePool", "Clip"}
 
 

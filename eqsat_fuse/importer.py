@@ -773,7 +773,7 @@ _NORMALIZERS: dict[str, Callable] = {
     "Pad": _norm_pad, "LRN": _norm_lrn,
 }
 for _op in ("Relu", "Sigmoid", "HardSwish", "Tanh", "Erf", "Add", "Sub", "Mul", "Div", "Pow",
-            "Sqrt", "Exp", "Log", "Neg", "Reciprocal", "Where", "Identity", "MatMul",
+            "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Where", "Identity", "MatMul",
             "GlobalAveragePool"):
     _NORMALIZERS[_op] = _norm_plain
 

@@ -209,6 +209,11 @@ def log(x):
     return _unary_float(np.log, x)
 
 
+def abs_(x):
+    """|x| (integers wrap: the lowest value stays itself, as onnxruntime)."""
+    return np.abs(np.asarray(x))
+
+
 def neg(x):
     """-x (integers wrap)."""
     x = np.asarray(x)
@@ -852,6 +857,7 @@ OPS: dict[str, Callable] = {
     "Exp": exp,
     "Log": log,
     "Neg": neg,
+    "Abs": abs_,
     "Reciprocal": reciprocal,
     "Where": where,
     "Cast": cast,

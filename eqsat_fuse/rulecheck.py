@@ -724,7 +724,7 @@ class _Reject(Exception):
 
 _FLOAT_TYPES = ("float16", "float32", "float64")
 _SHAPE_PRESERVING = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf",
-                     "Gelu", "Sqrt", "Exp", "Log", "Neg", "Reciprocal", "Cast", "Mat",
+                     "Gelu", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Cast", "Mat",
                      "Identity", "Dropout", "Clip", "Softmax", "LRN", "LayerNormalization",
                      "BatchNormalization"}
 _LEAVES = {"Input", "Const", "Absent", "Scalar", "Ints"}
@@ -1968,7 +1968,7 @@ def _gen_generic(s, p, want, role, ranks):
 _GENERATORS: dict[str, Callable] = {
     **{op: _gen_unary for op in ("Mat", "Identity", "Dropout", "Relu", "LeakyRelu", "Sigmoid",
                                  "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu", "Sqrt", "Exp",
-                                 "Log", "Neg", "Reciprocal", "Cast")},
+                                 "Log", "Neg", "Abs", "Reciprocal", "Cast")},
     **{op: _gen_broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Where")},
     "Clip": _gen_clip, "BatchNormalization": _gen_batchnorm, "Conv": _gen_conv,
     "ConvTranspose": _gen_conv_transpose, "MatMul": _gen_matmul, "Gemm": _gen_gemm,

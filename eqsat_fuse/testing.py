@@ -23,8 +23,9 @@ What the graphs contain (over many draws):
 
 - elementwise chains of any length, operands broadcast between different ranks and shapes
   (initializers of shape [C,1,1], [1], [], [W], inputs with size-1 dims on either side);
-- unary ops (Relu, LeakyRelu, Sigmoid, Tanh, Erf, Exp, Neg, HardSigmoid, HardSwish, Clip with
-  and without bounds, Gelu from opset 20, Sqrt/Log/Reciprocal on inputs made positive first),
+- unary ops (Relu, LeakyRelu, Sigmoid, Tanh, Erf, Exp, Neg, Abs, HardSigmoid, HardSwish,
+  Clip with and without bounds, Gelu from opset 20, Sqrt/Log/Reciprocal on inputs made
+  positive first),
   binary Add/Sub/Mul/Div and Pow with small constant exponents, Sum, Where with a bool initializer,
   and the multi-node patterns rules look for (Swish, GELU in its erf and tanh forms, HardSwish,
   decomposed LayerNorm and Softmax);
@@ -39,7 +40,7 @@ What the graphs contain (over many draws):
 - shared intermediates, several graph outputs (intermediates among them), constant subgraphs
   (nodes reading only initializers, Constant nodes) and shape subgraphs
   (Shape -> Gather -> Unsqueeze -> Concat -> Reshape);
-- a few ops eqsat-fuse does not cover (Abs, Softplus, Sin, Max, Min), which it runs opaquely.
+- a few ops eqsat-fuse does not cover (Softplus, Sin, Max, Min), which it runs opaquely.
 
 The generator tracks every value's static shape, an interval bounding its values and the axes
 along which it is constant, and only picks ops whose constraints hold: divisors stay away from
@@ -85,8 +86,8 @@ INT64_MAX = np.iinfo(np.int64).max
 INT64_MIN = np.iinfo(np.int64).min
 
 ELEMENTWISE_OPS = frozenset({
-    "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Exp", "Neg", "HardSigmoid", "HardSwish",
-    "Clip", "Gelu", "Sqrt", "Log", "Reciprocal", "Add", "Sub", "Mul", "Div", "Pow", "Where",
+    "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Exp", "Neg", "Abs", "HardSigmoid",
+    "HardSwish", "Clip", "Gelu", "Sqrt", "Log", "Reciprocal", "Add", "Sub", "Mul", "Div", "Pow", "Where",
     "Sum", "Identity", "Dropout", "Cast",
 })
 
@@ -94,7 +95,7 @@ GENERATED_OPS = ELEMENTWISE_OPS | frozenset({
     "Constant", "Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool",
     "MatMul", "Gemm", "Flatten", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum",
     "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Concat", "Slice", "Split", "Gather", "Pad",
-    "Expand", "Shape", "Abs", "Softplus", "Sin", "Max", "Min",
+    "Expand", "Shape", "Softplus", "Sin", "Max", "Min",
 })
 
 # The first opset in which the generator may use an op (in the form it writes it).
@@ -566,7 +567,7 @@ class _Builder:
     # Each draws its operands, emits one or more nodes, and returns False if it could not apply.
 
     def f_unary(self, op: str | None = None) -> bool:
-        ops = [o for o in ("Relu", "Sigmoid", "Tanh", "Neg", "LeakyRelu", "Erf", "Exp",
+        ops = [o for o in ("Relu", "Sigmoid", "Tanh", "Neg", "Abs", "LeakyRelu", "Erf", "Exp",
                            "HardSigmoid", "HardSwish", "Clip", "Gelu", "Sqrt", "Log",
                            "Reciprocal") if self.allowed(o)]
         if op is None:
@@ -596,6 +597,9 @@ class _Builder:
             nlo, nhi = _erf(lo), _erf(hi)
         elif op == "Neg":
             nlo, nhi = -hi, -lo
+        elif op == "Abs":
+            nlo = 0.0 if lo < 0 < hi else min(abs(lo), abs(hi))
+            nhi = max(abs(lo), abs(hi))
         elif op == "Exp":
             x = self.tame(x, 4.0)
             ins = [x]
@@ -799,15 +803,12 @@ class _Builder:
         return True
 
     def f_opaque(self) -> bool:
-        ops = [o for o in ("Abs", "Softplus", "Sin", "Max", "Min") if self.allowed(o)]
+        ops = [o for o in ("Softplus", "Sin", "Max", "Min") if self.allowed(o)]
         if not ops:
             return False
         op = self.choice(ops)
         x = self.pick_any()
-        if op == "Abs":
-            self.op("Abs", [x], x.shape, 0.0 if x.lo < 0 < x.hi else min(abs(x.lo), abs(x.hi)),
-                    x.bound, x.flat)
-        elif op == "Softplus":
+        if op == "Softplus":
             sp = lambda v: math.log1p(math.exp(-abs(v))) + max(v, 0.0)   # noqa: E731
             self.op("Softplus", [x], x.shape, sp(x.lo), sp(x.hi), x.flat)
         elif op == "Sin":

@@ -155,6 +155,7 @@ UNARY = [
     ("Exp", F.exp, {}, {}, FLOATS, "any"),
     ("Log", F.log, {}, {}, FLOATS, "pos"),
     ("Neg", F.neg, {}, {}, FLOATS + [np.int32, np.int64], "any"),
+    ("Abs", F.abs_, {}, {}, FLOATS + [np.int8, np.int32, np.int64], "any"),
     ("Reciprocal", F.reciprocal, {}, {}, FLOATS, "nonzero"),
     ("Identity", F.identity, {}, {}, FLOATS + [np.int64, np.bool_], "any"),
 ]
@@ -1000,8 +1001,8 @@ def test_shape(start, end):
 def test_ops_table_complete():
     expected = {
         "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu",
-        "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Neg", "Reciprocal", "Where",
-        "Cast", "BatchNormalization", "Identity", "Dropout", "Conv", "ConvTranspose", "MatMul",
+        "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal",
+        "Where", "Cast", "BatchNormalization", "Identity", "Dropout", "Conv", "ConvTranspose", "MatMul",
         "Gemm", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "MaxPool",
         "AveragePool", "GlobalAveragePool", "LRN", "Transpose", "Reshape", "Flatten", "Concat",
         "Split", "Slice", "Gather", "Unsqueeze", "Squeeze", "Expand", "Pad", "Shape",

@@ -227,7 +227,7 @@ case("matmul-add-as-gemm",
 
 # ---- fuse: an elementwise consumer absorbs its producer ----
 UNARY = {"Relu": {}, "LeakyRelu": {"alpha": 0.1}, "Sigmoid": {}, "HardSigmoid": {},
-         "HardSwish": {}, "Tanh": {}, "Erf": {}, "Gelu": {}, "Neg": {}}
+         "HardSwish": {}, "Tanh": {}, "Erf": {}, "Gelu": {}, "Neg": {}, "Abs": {}}
 POSITIVE = {"Sqrt": {}, "Exp": {}, "Log": {}, "Reciprocal": {}}
 for op, attrs in {**UNARY, **POSITIVE}.items():
     producer = "Exp" if op in POSITIVE and op != "Exp" else "Neg"
