@@ -936,15 +936,17 @@ class KernelGen:
             m.lines.append("        K.stream_out(out, r * C + c0, T, c1 - c0)")
         m.lines.append("K.sfence()")
 
-    def needed(self, root: int) -> list[int]:
-        """The body nodes `root` depends on (itself included)."""
+    def needed(self, root: int, stop: int | None = None) -> list[int]:
+        """The body nodes `root` depends on (itself included); with `stop`, only those it
+        depends on other than through node `stop` (which is kept, its inputs are not)."""
         seen, stack = set(), [root]
         while stack:
             i = stack.pop()
             if i in seen:
                 continue
             seen.add(i)
-            stack.extend(a.ref for a in self.body[i].args if a.kind == "node")
+            if i != stop:
+                stack.extend(a.ref for a in self.body[i].args if a.kind == "node")
         return sorted(seen)
 
     def broadcast_epilogue(self, a: int, acc: str, anchor_shape) -> None:
@@ -1382,7 +1384,7 @@ class KernelGen:
         pro_nodes = [i for i in self.topo(self.needed(a)) if i != a]
         # epilogue: everything the output reads other than through the anchor (prologue values
         # the epilogue reads too are computed again in its loop)
-        epilogue = [i for i in self.topo(self.reachable_without(self.root, a)) if i != a]
+        epilogue = [i for i in self.topo(set(self.needed(self.root, stop=a))) if i != a]
         uses_p, space_p = self.plan_operands(pro_nodes, shape, min_cols_dims=rank - axis)
         uses_e, space_e = self.plan_operands(epilogue, shape, min_cols_dims=rank - axis)
         # x itself when it is a boundary
@@ -1504,7 +1506,7 @@ class KernelGen:
         C = int(np.prod(in_shape[first:], dtype=np.int64))
         keepdims = node.op == "GlobalAveragePool" or bool(node.attrs.get("keepdims", 1))
         # the epilogue: after the anchor, or reading a prologue value (Softmax written out)
-        post = self.reachable_without(self.root, a)
+        post = set(self.needed(self.root, stop=a))
         per_row = int(np.prod(out_shape, dtype=np.int64)) == R and \
             all(i in epilogue or i == a for i in post)
         if not per_row:
@@ -1570,17 +1572,6 @@ class KernelGen:
             m.lines += epi
             m.lines.append(f"        out[U(r * C + c)] = {self.store_expr(last)}")
 
-    def reachable_without(self, root: int, a: int) -> set[int]:
-        """The body nodes `root` depends on (itself included) other than through node `a`."""
-        seen, stack = set(), [root]
-        while stack:
-            i = stack.pop()
-            if i in seen:
-                continue
-            seen.add(i)
-            if i != a:
-                stack.extend(x.ref for x in self.body[i].args if x.kind == "node")
-        return seen
 
     def value_shape(self, arg: Operand) -> tuple[int, ...]:
         """The shape of an operand, or of an inline elementwise value (NumPy broadcasting)."""
