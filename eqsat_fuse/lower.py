@@ -132,7 +132,11 @@ class Program:
         try:
             for step in steps:
                 step(dyn)
-        except IndexError as why:        # a Gather index fed at run time (both backends check)
+        except IndexError as why:
+            # a Gather index fed at run time (both backends check and raise this message);
+            # any other IndexError is a bug in eqsat-fuse and stays as it is
+            if not str(why).startswith("Gather: index out of range"):
+                raise
             raise RunError(f"{why}: an index fed at run time is outside the axis it indexes"
                            ) from None
         result = {}
