@@ -503,28 +503,25 @@ def _window_reduce(xp, ks, dil, out_sp, st, reduce):
     return reduce.reduce(v[sel], axis=tuple(range(2 + nd, 2 + 2 * nd)))
 
 
-def _few_windows(x, ks, pb, pe, st, out_sp, is_max, include_pad=False):
-    """Pooling window by window over the input's own cells (no padded copy), for few outputs
-    of undilated windows: a window far larger than the input (a global pool written as
-    AveragePool 320x320 over 2x2 in ceil mode) would otherwise pad the input to its size."""
-    nd = len(ks)
+def _few_large_windows(ks, dil, out_sp) -> bool:
+    """Whether a pool has few outputs of large undilated windows (see `_few_windows`)."""
+    return math.prod(ks) > _MANY_TAPS and math.prod(out_sp) <= _FEW_WINDOWS and \
+        all(d == 1 for d in dil)
+
+
+def _few_windows(x, ks, pb, st, out_sp, reduce, empty):
+    """`reduce` (np.add / np.maximum) over the input's own cells of every window, window by
+    window with no padded copy (`empty` where a window holds none): a window far larger than
+    the input (a global pool written as AveragePool 320x320 over 2x2 in ceil mode) would
+    otherwise pad the input to its size."""
     out = np.empty(x.shape[:2] + tuple(out_sp), dtype=x.dtype)
-    axes = tuple(range(2, 2 + nd))
+    axes = tuple(range(2, x.ndim))
     for idx in np.ndindex(*out_sp):
-        window, inside, padded = [], 1, 1
-        for o, k, a, e, s, n in zip(idx, ks, pb, pe, st, x.shape[2:]):
-            lo, hi = o * s - a, o * s - a + k
-            window.append(builtins.slice(builtins.max(lo, 0), builtins.min(hi, n)))
-            inside *= builtins.max(0, builtins.min(hi, n) - builtins.max(lo, 0))
-            padded *= builtins.max(0, builtins.min(hi, n + e) - builtins.max(lo, -a))
-        cells = x[(builtins.slice(None),) * 2 + tuple(window)]
-        at = (builtins.slice(None),) * 2 + idx
-        if is_max:
-            out[at] = np.max(cells, axis=axes) if inside else (
-                np.finfo(x.dtype).min if _is_float(x.dtype) else np.iinfo(x.dtype).min)
-        else:
-            count = padded if include_pad else inside
-            out[at] = np.sum(cells, axis=axes) / x.dtype.type(count) if count else 0
+        window = tuple(builtins.slice(builtins.max(o * s - a, 0), builtins.min(o * s - a + k, n))
+                       for o, k, a, s, n in zip(idx, ks, pb, st, x.shape[2:]))
+        cells = x[(builtins.slice(None),) * 2 + window]
+        out[(builtins.slice(None),) * 2 + idx] = reduce.reduce(cells, axis=axes) \
+            if cells.size else empty
     return out
 
 
@@ -542,9 +539,9 @@ def max_pool(x, *, kernel_shape, pads, strides, dilations, ceil_mode):
     x = np.asarray(x)
     nd, ks, pb, pe, st, dil, out_sp, extra = _pool_geometry(
         x, kernel_shape, pads, strides, dilations, ceil_mode)
-    if math.prod(ks) > _MANY_TAPS and math.prod(out_sp) <= _FEW_WINDOWS and \
-            all(d == 1 for d in dil):
-        return _few_windows(x, ks, pb, pe, st, out_sp, is_max=True)
+    if _few_large_windows(ks, dil, out_sp):     # a window of padding only gives lowest, as ORT
+        lowest = np.finfo(x.dtype).min if _is_float(x.dtype) else np.iinfo(x.dtype).min
+        return _few_windows(x, ks, pb, st, out_sp, np.maximum, lowest)
     if _is_float(x.dtype):
         fill = -np.inf
     else:
@@ -581,17 +578,16 @@ def average_pool(x, *, kernel_shape, pads, strides, dilations, ceil_mode, count_
     nd, ks, pb, pe, st, dil, out_sp, extra = _pool_geometry(
         x, kernel_shape, pads, strides, dilations, ceil_mode)
     xw = _up(x)
-    if math.prod(ks) > _MANY_TAPS and math.prod(out_sp) <= _FEW_WINDOWS and \
-            all(d == 1 for d in dil):
-        return _down(_few_windows(xw, ks, pb, pe, st, out_sp, is_max=False,
-                                  include_pad=bool(count_include_pad)), x.dtype)
-    xp = np.pad(xw, [(0, 0), (0, 0)] + [(a, e + c) for a, e, c in zip(pb, pe, extra)])
-    if math.prod(ks) > _MANY_TAPS:
-        out = _window_reduce(xp, ks, dil, out_sp, st, np.add)
+    if _few_large_windows(ks, dil, out_sp):
+        out = _few_windows(xw, ks, pb, st, out_sp, np.add, 0)
     else:
-        out = np.zeros(x.shape[:2] + tuple(out_sp), dtype=xw.dtype)
-        for sel in _pool_taps(ks, dil, out_sp, st):
-            out += xp[sel]
+        xp = np.pad(xw, [(0, 0), (0, 0)] + [(a, e + c) for a, e, c in zip(pb, pe, extra)])
+        if math.prod(ks) > _MANY_TAPS:
+            out = _window_reduce(xp, ks, dil, out_sp, st, np.add)
+        else:
+            out = np.zeros(x.shape[:2] + tuple(out_sp), dtype=xw.dtype)
+            for sel in _pool_taps(ks, dil, out_sp, st):
+                out += xp[sel]
     count = np.ones((), dtype=np.int64)
     for n, k, a, e, s, d, o in zip(x.shape[2:], ks, pb, pe, st, dil, out_sp):
         lo, hi = (-a, n + e) if count_include_pad else (0, n)
