@@ -440,16 +440,9 @@ def pool2d(x, xoff, planes, H, W, kh, kw, sh, sw, ph, pw, pe_h, pe_w, dh, dw, OH
 
 @njit(**_OPTS)
 def _inside(first, step, n, W):
-    """The range [a, b) of ow in [0, n) with 0 <= first + ow*step < W."""
-    a = 0
-    if first < 0:
-        a = (-first + step - 1) // step
-    b = n
-    if first + (n - 1) * step >= W:
-        b = (W - first + step - 1) // step if W > first else 0
-    a = min(max(a, 0), n)
-    b = min(max(b, a), n)
-    return a, b
+    """The range [a, b) of ow in [0, n) with 0 <= first + ow*step < W (`_taps` of one window
+    starting at `first`)."""
+    return _taps(0, 0, -first, step, n, 0, W)
 
 
 # ---- row reductions in 16 independent lanes ---------------------------------------------------
