@@ -107,15 +107,15 @@ def compare(actual: dict[str, Any], expected: dict[str, Any], against: str,
             checks.append(OutputCheck(name, False, float("inf"), float("inf"), rtol, atol))
             continue
         if want.dtype.kind in "fc":
+            magnitude = np.abs(want.astype(np.float64))
             diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
             same_nan = np.isnan(got) & np.isnan(want)
             diff = np.where(same_nan, 0.0, diff)
-            rel = diff / np.maximum(np.abs(want.astype(np.float64)), 1e-30)
-            ok = bool(np.all(diff <= atol + rtol * np.abs(want.astype(np.float64))))
+            rel = diff / np.maximum(magnitude, 1e-30)
+            ok = bool(np.all(diff <= atol + rtol * magnitude))
             max_abs = float(np.max(diff, initial=0.0))
             # relative error where it means something: elements larger than atol
-            big = np.abs(want.astype(np.float64)) > atol
-            max_rel = float(np.max(np.where(big, rel, 0.0), initial=0.0))
+            max_rel = float(np.max(np.where(magnitude > atol, rel, 0.0), initial=0.0))
         else:
             ok = bool(np.array_equal(got, want))
             max_abs = 0.0 if ok else float("inf")
