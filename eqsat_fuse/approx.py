@@ -41,15 +41,14 @@ MAX_ABS_ERROR = {"tanh": 3e-7, "sigmoid": 1e-7, "erf": 5e-7, "gelu": 3e-7, "gelu
 
 
 @intrinsic
-def _int_bits_as_f32(typingctx, bits):
-    """The float32 whose bit pattern is the low 32 bits of an integer."""
-    sig = types.float32(bits)
+def _bits_add_f32(typingctx, value, bits):
+    """The float32 whose bit pattern is value's plus an int32 (scales by 2**k for k << 23)."""
+    sig = types.float32(types.float32, types.int32)
 
     def codegen(context, builder, signature, args):
-        value = args[0]
-        if value.type.width != 32:
-            value = builder.trunc(value, ir.IntType(32))
-        return builder.bitcast(value, ir.FloatType())
+        i32 = ir.IntType(32)
+        total = builder.add(builder.bitcast(args[0], i32), args[1])
+        return builder.bitcast(total, ir.FloatType())
 
     return sig, codegen
 
@@ -91,16 +90,19 @@ _EXP_LO = _F(-87.3365447)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def exp_f32(x):
-    """e**x in float32 (Cephes expf: range reduction by ln 2, degree-6 polynomial)."""
-    x = _F(x)
-    xc = min(max(x, _EXP_LO), _EXP_HI)
+def _exp_core(xc):
+    """e**xc for xc already in [_EXP_LO, _EXP_HI] (not NaN): 2**n * p(r), n = round(xc/ln 2).
+
+    2**n is applied by adding n to p's exponent bits: p(r) lies in [0.7, 1.42] and n in
+    [-126, 128], and at both ends of the range the exponent stays normal (n = 128 only with
+    r < 0, so p < 1; n = -126 only with r >= 0 below, so p >= 1).
+    """
     n = np.floor(xc * _LOG2E + _F(0.5))
     r = xc - n * _LN2_HI
     r = r - n * _LN2_LO
-    # at the clamp (n = -126) rounding can leave r a hair below 0 and the product below
-    # 2**-126: a subnormal, which costs a microcode assist per element (masked attention
-    # scores all land here). r >= 0 there keeps every intermediate normal (error < 1 ulp).
+    # at n = -126 rounding can leave r a hair below 0 and the result below 2**-126: a
+    # subnormal, which costs a microcode assist per element (masked attention scores all land
+    # here). r >= 0 there keeps every intermediate normal (error < 1 ulp).
     r = max(r, _F(0.0)) if n < _F(-125.5) else r
     p = _F(1.9875691500e-4)
     p = p * r + _F(1.3981999507e-3)
@@ -109,10 +111,14 @@ def exp_f32(x):
     p = p * r + _F(1.6666665459e-1)
     p = p * r + _F(5.0000001201e-1)
     p = p * r * r + r + _F(1.0)
-    # 2**n from its exponent bits (n in [-126, 128] after the clamp; 2**128 as 2**127 * 2)
-    top = _F(1.0) if n > _F(127.0) else _F(0.0)
-    scale = _int_bits_as_f32((np.int32(n - top) + np.int32(127)) << np.int32(23))
-    y = p * scale * (_F(1.0) + top)
+    return _bits_add_f32(p, np.int32(n) << np.int32(23))
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def exp_f32(x):
+    """e**x in float32 (Cephes expf: range reduction by ln 2, degree-6 polynomial)."""
+    x = _F(x)
+    y = _exp_core(min(max(x, _EXP_LO), _EXP_HI))
     y = _F(0.0) if x < _EXP_LO else y
     y = _F(np.inf) if x > _EXP_HI else y
     return x if x != x else y
@@ -147,9 +153,11 @@ def tanh_f32(x):
 
 @njit(inline="always", cache=True, error_model="numpy")
 def sigmoid_f32(x):
-    """1 / (1 + e**-x) in float32."""
+    """1 / (1 + e**-x) in float32 (0 below -87.33, where e**-x would leave float32's normals)."""
     x = _F(x)
-    return _F(1.0) / (_F(1.0) + exp_f32(-x))
+    y = _F(1.0) / (_F(1.0) + _exp_core(min(max(-x, _EXP_LO), -_EXP_LO)))
+    y = _F(0.0) if x < _EXP_LO else y
+    return x if x != x else y
 
 
 _ERF_CLAMP = _F(3.832506856900711)
