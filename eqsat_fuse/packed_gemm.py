@@ -1,0 +1,207 @@
+"""Row-major float32 GEMM against a constant, prepacked B, for CPUs with AVX-512.
+
+A model's MatMul/Gemm weights are constants, so they can be laid out once, at compile time,
+the way the inner loop reads them: `pack(B)` stores B[K, N] as panels of 32 columns,
+(ceil(N / 32), K, 32), zero-padded. `gemm(...)` then computes C[m, n] = A[m, k] B[k, n]
+(A and C row-major with leading dimensions) with a register-blocked microkernel and no
+packing at run time.
+
+The microkernel is written in LLVM IR (below): an MR x 32 tile of C (MR <= 12 rows, so 24 of
+the 32 zmm registers hold accumulators) over the whole K, each step two 16-float loads of the
+B panel, MR broadcasts of A and 2 MR fused multiply-adds; the last panel stores under a mask.
+llvmlite compiles it once per process and registers it as the symbol `eqsat_fuse_mk`, which
+compiled kernels call by name, so they stay cacheable on disk (as with the BLAS sgemm symbol).
+
+Measured on this machine (one thread, 128 x 768 x 3072, the BERT-base feed-forward): 201
+GFLOP/s, against 162 for OpenBLAS's sgemm and 211 for onnxruntime's MLAS (bench/gemm.py prints
+the same comparison). Without AVX-512, `AVAILABLE` is False and the backend calls BLAS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+NR = 32            # columns per panel: two 16-float vectors
+MR = 12            # rows per microkernel call at most
+SYMBOL = "eqsat_fuse_mk"
+# floats of the B panel fetched ahead of the loads (16 steps of K): +7-12% when the weights come
+# from L3, as they do in a model (measured 256 / 512 / 1024 ahead: the same within noise)
+PREFETCH = 512
+
+__all__ = ["AVAILABLE", "NR", "MR", "pack", "ensure_compiled", "gemm", "gemm_parallel",
+           "microkernel_ir"]
+
+
+def _host_has_avx512() -> bool:
+    try:
+        import llvmlite.binding as llvm
+        return "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
+    except Exception:           # pragma: no cover - a host llvmlite cannot describe
+        return False
+
+
+AVAILABLE = _host_has_avx512()
+
+
+def pack(b: np.ndarray) -> np.ndarray:
+    """B[K, N] -> panels (ceil(N / NR), K, NR) float32, columns past N zero."""
+    b = np.asarray(b, dtype=np.float32)
+    k, n = b.shape
+    panels = -(-n // NR)
+    out = np.zeros((panels, k, NR), np.float32)
+    padded = np.zeros((k, panels * NR), np.float32)
+    padded[:, :n] = b
+    out[:] = padded.reshape(k, panels, NR).transpose(1, 0, 2)
+    return out
+
+
+def _tile_ir(mr: int) -> str:
+    """`void mk<mr>(A, lda, B, C, ldc, k, ncols)`: C[i, j] = sum_k A[i, k] B[k, j] for i < mr,
+    j < ncols (<= NR); B is one panel (k rows of NR floats)."""
+    nv = NR // 16
+    lines = [f"define internal void @mk{mr}(ptr noalias %A, i64 %lda, ptr noalias %B, "
+             "ptr noalias %C, i64 %ldc, i64 %kc, i64 %ncols) #0 {", "entry:"]
+    for i in range(mr):
+        lines += [f"  %aoff{i} = mul i64 %lda, {i}",
+                  f"  %ap{i} = getelementptr float, ptr %A, i64 %aoff{i}"]
+    lines += ["  %empty = icmp eq i64 %kc, 0", "  br i1 %empty, label %exit, label %loop",
+              "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
+    for i in range(mr):
+        for j in range(nv):
+            lines.append(f"  %c{i}_{j} = phi <16 x float> [zeroinitializer, %entry], "
+                         f"[%n{i}_{j}, %loop]")
+    lines += [f"  %boff = mul i64 %k, {NR}", "  %bp = getelementptr float, ptr %B, i64 %boff"]
+    for j in range(nv):
+        lines += [f"  %bp{j} = getelementptr float, ptr %bp, i64 {16 * j}",
+                  f"  %b{j} = load <16 x float>, ptr %bp{j}, align 4"]
+    # the panel streams in from L3 on the first tile: fetch ahead, a cache line per vector
+    for j in range(nv):
+        lines += [f"  %pf{j} = getelementptr float, ptr %bp{j}, i64 {PREFETCH}",
+                  f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 3, i32 1)"]
+    for i in range(mr):
+        lines += [f"  %aq{i} = getelementptr float, ptr %ap{i}, i64 %k",
+                  f"  %as{i} = load float, ptr %aq{i}, align 4",
+                  f"  %ai{i} = insertelement <16 x float> poison, float %as{i}, i64 0",
+                  f"  %av{i} = shufflevector <16 x float> %ai{i}, <16 x float> poison, "
+                  "<16 x i32> zeroinitializer"]
+        for j in range(nv):
+            lines.append(f"  %n{i}_{j} = call <16 x float> @llvm.fma.v16f32(<16 x float> "
+                         f"%av{i}, <16 x float> %b{j}, <16 x float> %c{i}_{j})")
+    lines += ["  %k1 = add i64 %k, 1", "  %done = icmp eq i64 %k1, %kc",
+              "  br i1 %done, label %exit, label %loop", "exit:"]
+    for i in range(mr):
+        for j in range(nv):
+            lines.append(f"  %r{i}_{j} = phi <16 x float> [zeroinitializer, %entry], "
+                         f"[%n{i}_{j}, %loop]")
+    lines += ["  %ncs = insertelement <16 x i64> poison, i64 %ncols, i64 0",
+              "  %ncv = shufflevector <16 x i64> %ncs, <16 x i64> poison, "
+              "<16 x i32> zeroinitializer"]
+    for j in range(nv):
+        lanes = ", ".join(f"i64 {x + 16 * j}" for x in range(16))
+        lines.append(f"  %m{j} = icmp ult <16 x i64> <{lanes}>, %ncv")
+    for i in range(mr):
+        lines += [f"  %coff{i} = mul i64 %ldc, {i}",
+                  f"  %cp{i} = getelementptr float, ptr %C, i64 %coff{i}"]
+        for j in range(nv):
+            lines += [f"  %cp{i}_{j} = getelementptr float, ptr %cp{i}, i64 {16 * j}",
+                      f"  call void @llvm.masked.store.v16f32.p0(<16 x float> %r{i}_{j}, "
+                      f"ptr %cp{i}_{j}, i32 4, <16 x i1> %m{j})"]
+    lines += ["  ret void", "}"]
+    return "\n".join(lines)
+
+
+def microkernel_ir() -> str:
+    """The LLVM module: mk1 ... mk12 and the entry `eqsat_fuse_mk(mr, ...)` choosing one."""
+    parts = ["declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)",
+             "declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)",
+             "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
+    parts += [_tile_ir(mr) for mr in range(1, MR + 1)]
+    cases = " ".join(f"i64 {mr}, label %d{mr}" for mr in range(1, MR))
+    entry = [f"define void @{SYMBOL}(i64 %mr, ptr %A, i64 %lda, ptr %B, ptr %C, i64 %ldc, "
+             "i64 %kc, i64 %ncols) #0 {", "entry:", f"  switch i64 %mr, label %d{MR} [{cases}]"]
+    for mr in range(1, MR + 1):
+        entry += [f"d{mr}:", f"  call void @mk{mr}(ptr %A, i64 %lda, ptr %B, ptr %C, i64 %ldc, "
+                  "i64 %kc, i64 %ncols)", "  ret void"]
+    parts.append("\n".join(entry + ["}"]))
+    parts.append('attributes #0 = { nounwind "prefer-vector-width"="512" '
+                 '"min-legal-vector-width"="512" }')
+    return "\n\n".join(parts)
+
+
+_ENGINE = None
+
+
+def ensure_compiled() -> None:
+    """Compile the microkernel for this CPU (once per process, ~0.1 s) and register its symbol.
+    Generated kernel modules that call `gemm` run this when they are imported."""
+    global _ENGINE
+    if _ENGINE is not None:
+        return
+    if not AVAILABLE:
+        raise RuntimeError("the packed GEMM needs AVX-512")
+    import llvmlite.binding as llvm
+    import numba  # noqa: F401  (initializes LLVM's native target the way Numba does)
+    module = llvm.parse_assembly(microkernel_ir())
+    module.verify()
+    target = llvm.Target.from_default_triple()
+    machine = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                           features=llvm.get_host_cpu_features().flatten(),
+                                           opt=3)
+    builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
+    builder.getModulePassManager().run(module, builder)
+    engine = llvm.create_mcjit_compiler(module, machine)
+    engine.finalize_object()
+    llvm.add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
+    _ENGINE = engine            # keeps the machine code mapped
+
+
+@intrinsic
+def _tile(typingctx, mr, a, lda, b, c, ldc, kc, ncols):
+    """Call the microkernel on integer addresses."""
+    sig = types.none(mr, a, lda, b, c, ldc, kc, ncols)
+
+    def codegen(context, builder, signature, args):
+        ptr = ir.IntType(8).as_pointer()
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i64, ptr, i64, ptr, ptr, i64, i64, i64])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, SYMBOL)
+        values = [context.cast(builder, v, t, types.int64) for v, t in zip(args, signature.args)]
+        mr_, a_, lda_, b_, c_, ldc_, kc_, nc_ = values
+        builder.call(fn, [mr_, builder.inttoptr(a_, ptr), lda_, builder.inttoptr(b_, ptr),
+                          builder.inttoptr(c_, ptr), ldc_, kc_, nc_])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_OPTS = dict(cache=True, error_model="numpy")
+
+
+@njit(**_OPTS)
+def _panel(a, a_off, lda, r0, r1, bp, p, n, k, c, c_off, ldc):
+    nc = min(NR, n - p * NR)
+    pa = a.ctypes.data + 4 * a_off
+    pb = bp.ctypes.data + 4 * p * k * NR
+    pc = c.ctypes.data + 4 * (c_off + p * NR)
+    for m0 in range(r0, r1, MR):
+        _tile(min(MR, r1 - m0), pa + 4 * m0 * lda, lda, pb, pc + 4 * m0 * ldc, ldc, k, nc)
+
+
+@njit(**_OPTS)
+def gemm(a, a_off, lda, r0, r1, bp, n, k, c, c_off, ldc):
+    """C rows [r0, r1) = A rows [r0, r1) @ B, with A at a[a_off + r * lda + j] and C at
+    c[c_off + r * ldc + j] (flat float32 arrays), B packed by `pack` (n columns, k rows).
+    Call `ensure_compiled()` first in the process (the microkernel symbol must exist)."""
+    for p in range(bp.shape[0]):
+        _panel(a, a_off, lda, r0, r1, bp, p, n, k, c, c_off, ldc)
+
+
+@njit(parallel=True, **_OPTS)
+def gemm_parallel(a, a_off, lda, r0, r1, bp, n, k, c, c_off, ldc):
+    """`gemm` with the panels shared among the threads."""
+    for p in prange(bp.shape[0]):
+        _panel(a, a_off, lda, r0, r1, bp, p, n, k, c, c_off, ldc)

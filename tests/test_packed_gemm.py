@@ -1,0 +1,116 @@
+"""The packed-weight GEMM (AVX-512 microkernel in LLVM IR): exact shapes and strides against
+NumPy, memory outside C untouched, and the Numba backend taking it for constant weights, in
+this process, across threads and in a second process that loads the kernels from disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import helper
+
+import eqsat_fuse as ef
+from eqsat_fuse import packed_gemm as PG
+
+from conftest import make_model
+
+pytestmark = pytest.mark.skipif(not PG.AVAILABLE, reason="the packed GEMM needs AVX-512")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _microkernel():
+    PG.ensure_compiled()       # what a generated kernel module does when it is imported
+
+
+def test_pack_lays_out_column_panels():
+    b = np.arange(5 * 70, dtype=np.float32).reshape(5, 70)
+    p = PG.pack(b)
+    assert p.shape == (3, 5, PG.NR)
+    np.testing.assert_array_equal(p[1, :, :], b[:, PG.NR:2 * PG.NR])
+    np.testing.assert_array_equal(p[2, :, :70 - 2 * PG.NR], b[:, 2 * PG.NR:])
+    assert not p[2, :, 70 - 2 * PG.NR:].any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 30), k=st.integers(0, 70), n=st.integers(1, 100),
+       pad_a=st.integers(0, 5), pad_c=st.integers(0, 5), r0=st.integers(0, 4),
+       parallel=st.booleans(), seed=st.integers(0, 2**16))
+def test_gemm_matches_numpy_and_writes_only_c(m, k, n, pad_a, pad_c, r0, parallel, seed):
+    rng = np.random.default_rng(seed)
+    rows = r0 + m
+    lda, ldc = k + pad_a, n + pad_c
+    a_off, c_off = 3, 7
+    a = rng.standard_normal(a_off + rows * lda).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.full(c_off + rows * ldc + 5, 9.5, np.float32)
+    fn = PG.gemm_parallel if parallel else PG.gemm
+    fn(a, a_off, lda, r0, rows, PG.pack(b), n, k, c, c_off, ldc)
+    A = a[a_off:].reshape(rows, lda)[r0:, :k].astype(np.float64)
+    C = c[c_off:c_off + rows * ldc].reshape(rows, ldc)
+    want = A @ b.astype(np.float64)
+    np.testing.assert_allclose(C[r0:, :n], want, rtol=1e-5, atol=1e-5 * max(k, 1))
+    # rows before r0, the padding columns of each row, and everything outside C stay as they were
+    assert np.all(C[:r0] == 9.5) and np.all(C[:, n:] == 9.5)
+    assert np.all(c[:c_off] == 9.5) and np.all(c[c_off + rows * ldc:] == 9.5)
+
+
+def _mlp(rng, rows, k, n, gemm=False):
+    w1 = (rng.standard_normal((n, k) if gemm else (k, n)) * 0.1).astype(np.float32)
+    b1 = rng.normal(0, 0.1, n).astype(np.float32)
+    w2 = (rng.standard_normal((n, 40)) * 0.1).astype(np.float32)
+    first = (helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1) if gemm else
+             helper.make_node("MatMul", ["x", "w1"], ["h0"]))
+    nodes = [first] if gemm else [first, helper.make_node("Add", ["h0", "b1"], ["h"])]
+    nodes += [helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    return make_model(nodes, [("x", [rows, k])], [("y", [rows, 40])],
+                      {"w1": w1, "b1": b1, "w2": w2})
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("gemm", [False, True])
+def test_backend_runs_constant_weight_gemms_packed(threads, gemm, tmp_path, rng):
+    # 64 x 256 x 300: large enough for the threaded driver when threads > 1
+    import numba
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"Numba has {numba.config.NUMBA_NUM_THREADS} thread(s) here")
+    model = _mlp(rng, 64, 256, 300, gemm=gemm)
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)        # the backend plans for the caller's thread count
+    try:
+        program = ef.compile(model, backend="numba", cache_dir=tmp_path)
+    finally:
+        numba.set_num_threads(before)
+    result = program.verify(seed=3)
+    assert result.ok, result.summary()
+    assert program.report.backend_report["fallback_kernels"] == []
+    sources = "".join(p.read_text() for p in tmp_path.glob("k_*.py"))
+    assert "PG.gemm(" in sources
+    assert ("PG.gemm_parallel(" in sources) == (threads > 1)
+    assert "np.dot(" not in sources
+
+
+def test_second_process_loads_packed_kernels_from_the_cache(tmp_path, rng):
+    import onnx
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(rng, 10, 33, 70), path)
+    script = textwrap.dedent(f"""
+        import json, eqsat_fuse as ef
+        c = ef.compile({str(path)!r}, backend="numba", cache_dir={str(tmp_path / 'cache')!r})
+        b = c.report.backend_report
+        print(json.dumps([b["jit_compiled"], b["jit_loaded"], c.verify().ok]))
+    """)
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             check=True, env=dict(os.environ))
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    (compiled_1, _, ok_1), (compiled_2, loaded_2, ok_2) = runs
+    assert ok_1 and ok_2
+    assert compiled_1 > 0 and compiled_2 == 0 and loaded_2 > 0
