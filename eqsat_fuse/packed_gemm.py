@@ -12,9 +12,10 @@ B panel, MR broadcasts of A and 2 MR fused multiply-adds; the last panel stores 
 llvmlite compiles it once per process and registers it as the symbol `eqsat_fuse_mk`, which
 compiled kernels call by name, so they stay cacheable on disk (as with the BLAS sgemm symbol).
 
-Measured on this machine (one thread, 128 x 768 x 3072, the BERT-base feed-forward): 201
-GFLOP/s, against 162 for OpenBLAS's sgemm and 211 for onnxruntime's MLAS (bench/gemm.py prints
-the same comparison). Without AVX-512, `AVAILABLE` is False and the backend calls BLAS.
+Measured on this machine by bench/gemm.py (one thread, 128 x 768 x 3072, the BERT-base
+feed-forward): 200 GFLOP/s with the weights in cache and 170 with them coming from L3, against
+161 / 139 for OpenBLAS's sgemm and 212 / 177 for onnxruntime's MLAS. Without AVX-512,
+`AVAILABLE` is False and the backend calls BLAS.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from .kernels_numba import WIDE_VECTORS
 
 NR = 32            # columns per panel: two 16-float vectors
 MR = 12            # rows per microkernel call at most
@@ -36,15 +39,8 @@ __all__ = ["AVAILABLE", "NR", "MR", "pack", "ensure_compiled", "gemm", "gemm_par
            "microkernel_ir"]
 
 
-def _host_has_avx512() -> bool:
-    try:
-        import llvmlite.binding as llvm
-        return "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
-    except Exception:           # pragma: no cover - a host llvmlite cannot describe
-        return False
-
-
-AVAILABLE = _host_has_avx512()
+# the microkernel is AVX-512 code: available where the kernels vectorize 512 bits wide
+AVAILABLE = WIDE_VECTORS
 
 
 def pack(b: np.ndarray) -> np.ndarray:
