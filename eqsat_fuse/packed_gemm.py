@@ -48,11 +48,9 @@ def pack(b: np.ndarray) -> np.ndarray:
     b = np.asarray(b, dtype=np.float32)
     k, n = b.shape
     panels = -(-n // NR)
-    out = np.zeros((panels, k, NR), np.float32)
     padded = np.zeros((k, panels * NR), np.float32)
     padded[:, :n] = b
-    out[:] = padded.reshape(k, panels, NR).transpose(1, 0, 2)
-    return out
+    return np.ascontiguousarray(padded.reshape(k, panels, NR).transpose(1, 0, 2))
 
 
 def _tile_ir(mr: int) -> str:

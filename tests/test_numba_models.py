@@ -15,7 +15,7 @@ from onnx import helper
 import eqsat_fuse as ef
 from eqsat_fuse.verify import random_feeds
 
-from conftest import MODELS_DIR, make_model, real_models
+from conftest import MODELS_DIR, compile_in_two_processes, make_model, real_models
 
 MODELS = [m["file"] for m in real_models()]
 
@@ -106,17 +106,7 @@ def test_second_process_loads_kernels_from_the_disk_cache(tmp_path):
     model = tmp_path / "m.onnx"
     import onnx
     onnx.save(_odd_names_model(), model)
-    script = textwrap.dedent(f"""
-        import json, eqsat_fuse as ef
-        c = ef.compile({str(model)!r}, backend="numba", cache_dir={str(tmp_path / 'cache')!r})
-        b = c.report.backend_report
-        print(json.dumps([b["jit_compiled"], b["jit_loaded"], c.verify().ok]))
-    """)
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             check=True, env=dict(os.environ))
-        runs.append(__import__("json").loads(out.stdout.strip().splitlines()[-1]))
+    runs = compile_in_two_processes(model, tmp_path / "cache")
     (compiled_1, loaded_1, ok_1), (compiled_2, loaded_2, ok_2) = runs
     assert ok_1 and ok_2
     assert compiled_1 > 0

@@ -4,12 +4,6 @@ this process, across threads and in a second process that loads the kernels from
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,7 +13,7 @@ from onnx import helper
 import eqsat_fuse as ef
 from eqsat_fuse import packed_gemm as PG
 
-from conftest import make_model
+from conftest import compile_in_two_processes, make_model
 
 pytestmark = pytest.mark.skipif(not PG.AVAILABLE, reason="the packed GEMM needs AVX-512")
 
@@ -100,17 +94,7 @@ def test_second_process_loads_packed_kernels_from_the_cache(tmp_path, rng):
     import onnx
     path = tmp_path / "mlp.onnx"
     onnx.save(_mlp(rng, 10, 33, 70), path)
-    script = textwrap.dedent(f"""
-        import json, eqsat_fuse as ef
-        c = ef.compile({str(path)!r}, backend="numba", cache_dir={str(tmp_path / 'cache')!r})
-        b = c.report.backend_report
-        print(json.dumps([b["jit_compiled"], b["jit_loaded"], c.verify().ok]))
-    """)
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             check=True, env=dict(os.environ))
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    runs = compile_in_two_processes(path, tmp_path / "cache")
     (compiled_1, _, ok_1), (compiled_2, loaded_2, ok_2) = runs
     assert ok_1 and ok_2
     assert compiled_1 > 0 and compiled_2 == 0 and loaded_2 > 0
