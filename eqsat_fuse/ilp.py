@@ -173,7 +173,8 @@ class IlpExtractor:
                                       f"{self.model.target}"
                                       + ("" if res is None else f" ({res.message})"))
             result = greedy
-            result.details = dict(details, kept="greedy-dag")
+            # the ILP's objective (if it found a program) is not this program's cost
+            result.details = dict(details, kept="greedy-dag", objective=None)
             result.extractor = self.name
         proved_optimal = res is not None and res.status in (0, 2)
         if proved_optimal:
