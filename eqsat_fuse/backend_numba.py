@@ -23,13 +23,15 @@ Kernel families:
   unsigned (`U(...)`), since Numba's negative-index wraparound on signed indices turns the
   loads into gathers; large outputs of cheap (memory-bound) bodies are written through an L1
   tile with non-temporal stores (no read-for-ownership of the output);
-- Conv (im2col, direct 1x1, stride-1 convolutions over wide planes as shifted GEMMs on the
-  padded input without im2col, depthwise by direct loops), MatMul and Gemm: one GEMM per
-  matrix product, then the fused epilogue. Against constant weights on AVX-512 CPUs the GEMM is
-  `packed_gemm.gemm` (weights packed into column panels at compile time, a register-blocked
-  microkernel: 1.2x OpenBLAS on the BERT-base shapes); otherwise BLAS (`np.dot`, or
-  `kernels_numba.gemm`, which takes leading dimensions and transposes so transposed or sliced
-  views need no packing copy);
+- Conv, MatMul and Gemm: one GEMM per matrix product, then the fused epilogue. On AVX-512
+  CPUs, constant-weight MatMul/Gemm run `packed_gemm.gemm` (weights packed into column panels
+  at compile time, a register-blocked microkernel: 1.2x OpenBLAS on the BERT-base shapes), and
+  Conv runs `packed_gemm.gemm_rows` (weights packed into row tiles, the input read through a
+  table of row offsets: each im2col row is a shifted view of a padded, phase-split input
+  plane, so no im2col matrix is built; `conv_packed`). Depthwise Conv runs direct loops (3x3
+  taps summed in registers). Other CPUs use BLAS: `np.dot` (im2col, direct 1x1), shifted GEMMs
+  over the padded input for stride-1 convolutions on wide planes, and `kernels_numba.gemm`,
+  which takes leading dimensions and transposes so transposed or sliced views need no copy;
 - Softmax and LayerNormalization: one row at a time, prologue (the fused elementwise input),
   the row statistics in 16 independent lanes (a vectorized reduction without reassociation)
   and the epilogue; ReduceMean/ReduceSum over trailing axes (an epilogue that reads the
@@ -82,6 +84,13 @@ _STREAM_OPS = frozenset({"Add", "Sub", "Mul", "Neg", "Relu", "LeakyRelu", "Clip"
                          "Cast", "Identity", "Dropout", "HardSigmoid", "HardSwish"})
 # constant-weight GEMMs of at least this many multiply-adds share their panels among threads
 PARALLEL_MIN_MACS = 1 << 22
+# Conv on AVX-512: the packed-weight microkernel over row offsets of the input (conv_packed);
+# output positions go in chunks of at most CONV_CHUNK_PANELS panels whose input slice is within
+# CONV_CHUNK_BYTES, and rows in blocks whose output chunk is within CONV_BLOCK_BYTES
+PACKED_CONV = True
+CONV_CHUNK_PANELS = 8
+CONV_CHUNK_BYTES = 1 << 19
+CONV_BLOCK_BYTES = 1 << 18
 # output bytes of one BLAS call before a GEMM is split into row blocks
 GEMM_BLOCK_BYTES = 1 << 26
 CACHE_ENV = "EQSAT_FUSE_CACHE_DIR"
@@ -970,8 +979,10 @@ class KernelGen:
 
     # epilogue over rows [r0, r1) of a space, reading the anchor's value from acc
     def emit_epilogue(self, a: int, epilogue: list[int], shape, min_cols_dims: int,
-                      acc_index: str, indent: str, acc_name: str = "ACC"):
-        """Lines: for r in [r0, r1): for c: value = epilogue(acc[...]); out[...] = value."""
+                      acc_index: str, indent: str, acc_name: str = "ACC",
+                      cols: tuple[str, str] = ("0", "EC")):
+        """Lines: for r in [r0, r1): for c in [cols): value = epilogue(acc[...]);
+        out[...] = value."""
         uses, space = self.plan_operands(epilogue, shape, min_cols_dims=min_cols_dims)
         if space.split > len(shape) - min_cols_dims:
             raise Unsupported("epilogue columns")
@@ -983,7 +994,7 @@ class KernelGen:
         last = values[epilogue[-1]] if epilogue else "acc_v"
         lines = [f"{indent}for r in range(r0, r1):"]
         lines += [f"{indent}    {h}" for h in hoist]
-        lines.append(f"{indent}    for c in range(EC):")
+        lines.append(f"{indent}    for c in range({cols[0]}, {cols[1]}):")
         lines.append(f"{indent}        acc_v = {acc_name}[U({acc_index})]")
         lines += inner
         lines.append(f"{indent}        out[U(r * EC + c)] = {self.store_expr(last)}")
@@ -1279,11 +1290,13 @@ class KernelGen:
                 self.body[i].args = [Operand("node", idx) if x.kind == "node" and x.ref == a
                                      else x for x in self.body[i].args]
             epi_nodes = [idx] + epi_nodes
+        depthwise = Cg == 1 and Mg == 1
+        packed = PACKED_CONV and PG.AVAILABLE and not depthwise
         if bcast:
             lines_epi = []
         else:
             lines_epi, space = self.emit_epilogue(a, epi_nodes, out_shape, 2, "r * EC + c", "",
-                                                  acc)
+                                                  acc, ("oc0", "oc1") if packed else ("0", "EC"))
             if space.cols != P:
                 raise Unsupported("Conv epilogue columns")
         m.lines.append(f"EC = {m.int_param(P)}")
@@ -1294,7 +1307,9 @@ class KernelGen:
         m.lines.append(f"CI = {m.int_param(C)}")
         m.lines.append(f"MO = {m.int_param(M)}")
         m.lines.append(f"HW = {m.int_param(H * W)}")
-        depthwise = Cg == 1 and Mg == 1
+        if packed:
+            return self.conv_packed(wv, X, acc, lines_epi, N, C, H, W, M, G, Cg, Mg, kh, kw,
+                                    sh, sw, attrs["pads"], dh, dw, OH, OW)
         if depthwise:
             from .kernels_numba import depthwise_pad_size
             wname = m.array(("W", self.k.name), ("array", np.ascontiguousarray(wv.reshape(-1))))
@@ -1346,6 +1361,94 @@ class KernelGen:
         m.lines.append(f"            np.dot({wname}[g, m0:m1], COLS, "
                        f"{acc}[r0 * EC:r1 * EC].reshape((m1 - m0, EC)))")
         m.lines += ["            " + line for line in lines_epi]
+
+    def conv_packed(self, wv, X, acc, lines_epi, N, C, H, W, M, G, Cg, Mg, kh, kw, sh, sw,
+                    pads, dh, dw, OH, OW) -> None:
+        """A Conv as GEMMs of the packed weights (`packed_gemm.gemm_rows`) with B read through
+        a table of row offsets: row (c, i, j) of the im2col matrix is a shifted view of one
+        plane of the input, so no im2col matrix is built. A 1x1 stride-1 unpadded Conv reads
+        the input planes themselves; any other pads and splits the input by stride phase once
+        (`phase_planes`), and computes each output row Wq >= OW wide (tap offsets along a row
+        are then plain shifts); `compact_cols` drops the extra columns. Output positions go in
+        chunks of whole 32-column panels sized to keep their slice of the input in L2, and each
+        chunk's epilogue runs while its rows are in cache."""
+        m = self.m
+        K_ = Cg * kh * kw
+        direct = kh == 1 and kw == 1 and sh == 1 and sw == 1 and not any(pads)
+        if direct:
+            Hq, Wq = OH, OW
+            table = np.arange(Cg, dtype=np.int64) * (H * W)
+            col_bytes = 4 * K_           # input bytes per output position: a float of each row
+        else:
+            taps = [((i * dh) % sh, (j * dw) % sw, (i * dh) // sh, (j * dw) // sw)
+                    for i in range(kh) for j in range(kw)]
+            phases = sorted({(t[0], t[1]) for t in taps})
+            NP = len(phases)
+            Hq = OH + (kh - 1) * dh // sh
+            Wq = OW + (kw - 1) * dw // sw
+            pq = Hq * Wq
+            table = np.array([(c * NP + phases.index((t[0], t[1]))) * pq + t[2] * Wq + t[3]
+                              for c in range(Cg) for t in taps], dtype=np.int64)
+            col_bytes = 4 * Cg * NP      # ... a float of each plane (the taps share them)
+            xp_size = Cg * NP * pq + Wq + 16
+            xp = self.alloc(xp_size)
+            m.lines.append(f"XP = WS[{xp}:{xp} + {m.int_param(xp_size)}]")
+            ph_name = m.array(("PH", self.k.name),
+                              ("array", np.array(phases, dtype=np.int64).reshape(-1)))
+        PQ = OH * Wq                                # positions computed, Wq per output row
+        # chunk: whole panels, the input slice it reads within CONV_CHUNK_BYTES
+        panels = max(1, min(CONV_CHUNK_PANELS, CONV_CHUNK_BYTES // (col_bytes * PG.NR)))
+        CC = min(panels * PG.NR, -(-PQ // PG.NR) * PG.NR)
+        # rows per block: the block's output chunk within CONV_BLOCK_BYTES, whole row tiles
+        BM = max(PG.MR, (CONV_BLOCK_BYTES // (4 * CC)) // PG.MR * PG.MR)
+        BM = min(BM, -(-Mg // PG.MR) * PG.MR)
+        wg = np.asarray(wv, dtype=np.float32).reshape(G, Mg, K_)
+        wp = np.concatenate([PG.pack_rows(wg[g]).reshape(-1) for g in range(G)])
+        wname = m.array(("WP", self.k.name), ("array", wp))
+        tname = m.array(("T", self.k.name), ("array", PG.row_table(table)))
+        compact = Wq != OW
+        if compact:
+            opb = self.alloc(BM * CC)
+            m.lines.append(f"OPB = WS[{opb}:{opb} + {m.int_param(BM * CC)}]")
+        macs = N * M * K_ * OH * OW
+        driver = "gemm_rows_parallel" if self.b.threads > 1 and macs >= PARALLEL_MIN_MACS \
+            else "gemm_rows"
+        m.uses_packed_gemm = True
+        for name, v in (("GR", G), ("CG", Cg), ("MG", Mg), ("KK", K_), ("PQ", PQ), ("CC", CC),
+                        ("BM", BM), ("WQ", Wq), ("OW_", OW),
+                        ("WG", -(-Mg // PG.MR) * PG.MR * K_)):
+            m.lines.append(f"{name} = {m.int_param(v)}")
+        m.lines.append("for n in range(NB):")
+        m.lines.append("    for g in range(GR):")
+        m.lines.append("        xo = (n * CI + g * CG) * HW")
+        if direct:
+            src, src_off = "X", "xo + c0"
+        else:
+            geo = ", ".join(m.int_param(v) for v in (H, W, pads[0], pads[1], sh, sw))
+            m.lines.append(f"        K.phase_planes(X, xo, CG, {geo}, {ph_name}, "
+                           f"{m.int_param(Hq)}, WQ, XP)")
+            src, src_off = "XP", "c0"
+        m.lines.append("        for c0 in range(0, PQ, CC):")
+        m.lines.append("            c1 = min(c0 + CC, PQ)")
+        if compact:
+            m.lines.append("            oc0 = (c0 // WQ) * OW_ + min(c0 % WQ, OW_)")
+            m.lines.append("            oc1 = (c1 // WQ) * OW_ + min(c1 % WQ, OW_)")
+        else:
+            m.lines.append("            oc0 = c0")
+            m.lines.append("            oc1 = c1")
+        m.lines.append("            for m0 in range(0, MG, BM):")
+        m.lines.append("                m1 = min(m0 + BM, MG)")
+        m.lines.append("                r0 = n * MO + g * MG + m0")
+        m.lines.append("                r1 = n * MO + g * MG + m1")
+        if compact:
+            m.lines.append(f"                PG.{driver}({wname}, g * WG + m0 * KK, m1 - m0, KK, "
+                           f"{src}, {src_off}, {tname}, c1 - c0, OPB, 0, CC)")
+            m.lines.append(f"                K.compact_cols(OPB, m1 - m0, CC, c0, c1, WQ, OW_, "
+                           f"{acc}, r0 * EC, EC)")
+        else:
+            m.lines.append(f"                PG.{driver}({wname}, g * WG + m0 * KK, m1 - m0, KK, "
+                           f"{src}, {src_off}, {tname}, c1 - c0, {acc}, r0 * EC + c0, EC)")
+        m.lines += ["                " + line for line in lines_epi]
 
     def conv_shifted(self, wv, tx, X, acc, lines_epi, N, C, H, W, M, G, Cg, Mg, kh, kw, ph, pw,
                      dh, dw, OH, OW, Hp, Wp) -> None:

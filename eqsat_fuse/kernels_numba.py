@@ -216,6 +216,68 @@ def compact_rows(src, M, OH, OW, Wp, dst, doff):
 
 
 @njit(**_OPTS)
+def phase_planes(x, xoff, C, H, W, ph, pw, sh, sw, phases, Hq, Wq, xp):
+    """The zero-padded input split by stride phase, for convolutions as GEMMs on row offsets:
+    plane (c, f) (Hq x Wq, in the order of the (a, b) pairs in `phases`) holds
+    padded[c, r * sh + a, s * sw + b], where padded[c, h, w] = x[c, h - ph, w - pw] (0
+    outside). Tap (i, j) of output (oh, ow) then reads plane phase (i dh % sh, j dw % sw) at row
+    oh + i dh // sh, column ow + j dw // sw: a shift of one plane. A tail of Wq + 16 zeros
+    follows the planes (the wrapped columns of the last rows read it)."""
+    wide_vectors()
+    NP = phases.shape[0] // 2
+    pq = Hq * Wq
+    for i in range(C * NP * pq, xp.size):
+        xp[U(i)] = np.float32(0)
+    for c in range(C):
+        for f in range(NP):
+            a = phases[2 * f]
+            b = phases[2 * f + 1]
+            # the plane columns s whose input column s * sw + b - pw lies in [0, W)
+            lo = (pw - b + sw - 1) // sw if pw > b else 0
+            t = W - 1 + pw - b
+            hi = min(Wq, t // sw + 1) if t >= 0 else 0
+            lo = min(lo, hi)
+            base = (c * NP + f) * pq
+            for r in range(Hq):
+                ih = r * sh + a - ph
+                row = base + r * Wq
+                if ih < 0 or ih >= H:
+                    for q in range(Wq):
+                        xp[U(row + q)] = np.float32(0)
+                    continue
+                for q in range(lo):
+                    xp[U(row + q)] = np.float32(0)
+                src = xoff + (c * H + ih) * W + b - pw
+                if sw == 1:
+                    for q in range(lo, hi):
+                        xp[U(row + q)] = x[U(src + q)]
+                else:
+                    for q in range(lo, hi):
+                        xp[U(row + q)] = x[U(src + q * sw)]
+                for q in range(hi, Wq):
+                    xp[U(row + q)] = np.float32(0)
+
+
+@njit(**_OPTS)
+def compact_cols(src, rows, lds, c0, c1, Wq, OW, dst, doff, ldd):
+    """Positions [c0, c1) of rows computed Wq wide (src[r * lds + p - c0]) into rows OW wide:
+    dst[doff + r * ldd + oh * OW + ow] for p = oh * Wq + ow, ow < OW (the others are dropped)."""
+    wide_vectors()
+    for r in range(rows):
+        s = r * lds - c0
+        d = doff + r * ldd
+        p = c0
+        while p < c1:
+            oh = p // Wq
+            start = oh * Wq
+            end = min(c1, start + OW)
+            o = d + oh * OW - start
+            for q in range(p, end):
+                dst[U(o + q)] = src[U(s + q)]
+            p = start + Wq
+
+
+@njit(**_OPTS)
 def im2col(x, xoff, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, cols):
     """cols[(c, i, j), (oh, ow)] = x[c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (0 outside)."""
     wide_vectors()
@@ -258,6 +320,34 @@ def widen_f16(x, xoff, n, out):
 
 
 @njit(**_OPTS)
+def _dw3x3(pad, b0, b1, b2, rs, os, w, c, OH, OW, acc, dst):
+    """One channel of a 3x3 depthwise Conv with the nine taps summed in registers and each
+    output written once: tap (i, j) of output (oh, ow) reads pad[b_j + oh * os + i * rs + ow]
+    (b_j: where tap column j starts), into acc[dst + oh * OW + ow]."""
+    w00 = w[U(c * 9)]
+    w01 = w[U(c * 9 + 1)]
+    w02 = w[U(c * 9 + 2)]
+    w10 = w[U(c * 9 + 3)]
+    w11 = w[U(c * 9 + 4)]
+    w12 = w[U(c * 9 + 5)]
+    w20 = w[U(c * 9 + 6)]
+    w21 = w[U(c * 9 + 7)]
+    w22 = w[U(c * 9 + 8)]
+    for oh in range(OH):
+        q0 = b0 + oh * os
+        q1 = b1 + oh * os
+        q2 = b2 + oh * os
+        o = dst + oh * OW
+        for ow in range(OW):
+            acc[U(o + ow)] = (w00 * pad[U(q0 + ow)] + w01 * pad[U(q1 + ow)]
+                              + w02 * pad[U(q2 + ow)]
+                              + w10 * pad[U(q0 + rs + ow)] + w11 * pad[U(q1 + rs + ow)]
+                              + w12 * pad[U(q2 + rs + ow)]
+                              + w20 * pad[U(q0 + 2 * rs + ow)] + w21 * pad[U(q1 + 2 * rs + ow)]
+                              + w22 * pad[U(q2 + 2 * rs + ow)])
+
+
+@njit(**_OPTS)
 def depthwise2d(x, xoff, w, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, c0, c1, pad, acc,
                 accoff):
     """acc[c, oh, ow] = sum_ij w[c, i, j] x[c, ...] for channels c0..c1 (one input channel each).
@@ -273,6 +363,7 @@ def depthwise2d(x, xoff, w, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, c0, c1
     for k in range(HP * (WP + sw)):
         pad[U(k)] = np.float32(0)
     flat = sh == 1 and sw == 1
+    three = kh == 3 and kw == 3 and dh == 1 and dw == 1
     tmp = np.empty(OH * WP if flat else 1, np.float32)
     for c in range(c0, c1):
         src = xoff + c * H * W
@@ -281,6 +372,9 @@ def depthwise2d(x, xoff, w, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, c0, c1
             for ih in range(H):
                 for iw in range(W):
                     pad[U((ih + ph) * WP + iw + pw)] = x[U(src + ih * W + iw)]
+            if three:
+                _dw3x3(pad, 0, 1, 2, WP, WP, w, c, OH, OW, acc, dst)
+                continue
             n = OH * WP
             for q in range(n):
                 tmp[U(q)] = np.float32(0)
@@ -309,6 +403,10 @@ def depthwise2d(x, xoff, w, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, c0, c1
                 else:
                     for q in range(qa, qb):
                         pad[U(prow + q)] = x[U(srow + q * sw)]
+        if three and sw == 2:
+            # taps j = 0, 1, 2 read phase 0, 1, 0 at shifts 0, 0, 1
+            _dw3x3(pad, 0, HP * WQ, 1, WQ, sh * WQ, w, c, OH, OW, acc, dst)
+            continue
         for k in range(OH * OW):
             acc[U(dst + k)] = np.float32(0)
         for i in range(kh):

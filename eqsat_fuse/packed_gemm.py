@@ -31,12 +31,17 @@ from .kernels_numba import WIDE_VECTORS
 NR = 32            # columns per panel: two 16-float vectors
 MR = 12            # rows per microkernel call at most
 SYMBOL = "eqsat_fuse_mk"
+SYMBOL_TABLE = "eqsat_fuse_mkt"
 # floats of the B panel fetched ahead of the loads (16 steps of K): +7-12% when the weights come
 # from L3, as they do in a model (measured 256 / 512 / 1024 ahead: the same within noise)
 PREFETCH = 512
+# rows of B fetched ahead by the row-table microkernel (its table has this many entries past
+# the last row): +5% on the ResNet convolutions, whose B rows come from L2 (4 / 8 / 16 ahead:
+# the same within noise)
+TABLE_PREFETCH = 8
 
-__all__ = ["AVAILABLE", "NR", "MR", "pack", "ensure_compiled", "gemm", "gemm_parallel",
-           "microkernel_ir"]
+__all__ = ["AVAILABLE", "NR", "MR", "pack", "pack_rows", "ensure_compiled", "gemm",
+           "gemm_parallel", "gemm_rows", "gemm_rows_parallel", "row_table", "microkernel_ir"]
 
 
 # the microkernel is AVX-512 code: available where the kernels vectorize 512 bits wide
@@ -53,31 +58,61 @@ def pack(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, panels, NR).transpose(1, 0, 2))
 
 
-def _tile_ir(mr: int) -> str:
+def _tile_ir(mr: int, table: bool = False) -> str:
     """`void mk<mr>(A, lda, B, C, ldc, k, ncols)`: C[i, j] = sum_k A[i, k] B[k, j] for i < mr,
-    j < ncols (<= NR); B is one panel (k rows of NR floats)."""
+    j < ncols (<= NR); B is one panel (k rows of NR floats).
+
+    With `table`, `void mkt<mr>(A, T, B, C, ldc, k, ncols)`: A packed by `pack_rows` (A[i, k] at
+    A + k MR + i) and B[k, j] at B + T[k] + j, T an int64 table of row offsets (in floats);
+    the loads of B are masked to j < ncols, so no column past the tile is read."""
     nv = NR // 16
-    lines = [f"define internal void @mk{mr}(ptr noalias %A, i64 %lda, ptr noalias %B, "
-             "ptr noalias %C, i64 %ldc, i64 %kc, i64 %ncols) #0 {", "entry:"]
-    for i in range(mr):
-        lines += [f"  %aoff{i} = mul i64 %lda, {i}",
-                  f"  %ap{i} = getelementptr float, ptr %A, i64 %aoff{i}"]
+    name, second = (f"mkt{mr}", "ptr noalias %T") if table else (f"mk{mr}", "i64 %lda")
+    lines = [f"define internal void @{name}(ptr noalias %A, {second}, ptr noalias %B, "
+             "ptr noalias %C, i64 %ldc, i64 %kc, i64 %ncols) #0 {", "entry:",
+             "  %ncs = insertelement <16 x i64> poison, i64 %ncols, i64 0",
+             "  %ncv = shufflevector <16 x i64> %ncs, <16 x i64> poison, "
+             "<16 x i32> zeroinitializer"]
+    for j in range(nv):
+        lanes = ", ".join(f"i64 {x + 16 * j}" for x in range(16))
+        lines.append(f"  %m{j} = icmp ult <16 x i64> <{lanes}>, %ncv")
+    if not table:
+        for i in range(mr):
+            lines += [f"  %aoff{i} = mul i64 %lda, {i}",
+                      f"  %ap{i} = getelementptr float, ptr %A, i64 %aoff{i}"]
     lines += ["  %empty = icmp eq i64 %kc, 0", "  br i1 %empty, label %exit, label %loop",
               "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
     for i in range(mr):
         for j in range(nv):
             lines.append(f"  %c{i}_{j} = phi <16 x float> [zeroinitializer, %entry], "
                          f"[%n{i}_{j}, %loop]")
-    lines += [f"  %boff = mul i64 %k, {NR}", "  %bp = getelementptr float, ptr %B, i64 %boff"]
-    for j in range(nv):
-        lines += [f"  %bp{j} = getelementptr float, ptr %bp, i64 {16 * j}",
-                  f"  %b{j} = load <16 x float>, ptr %bp{j}, align 4"]
-    # the panel streams in from L3 on the first tile: fetch ahead, a cache line per vector
-    for j in range(nv):
-        lines += [f"  %pf{j} = getelementptr float, ptr %bp{j}, i64 {PREFETCH}",
-                  f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 3, i32 1)"]
+    if table:
+        lines += ["  %tp = getelementptr i64, ptr %T, i64 %k", "  %boff = load i64, ptr %tp",
+                  "  %bp = getelementptr float, ptr %B, i64 %boff"]
+        for j in range(nv):
+            lines += [f"  %bp{j} = getelementptr float, ptr %bp, i64 {16 * j}",
+                      f"  %b{j} = call <16 x float> @llvm.masked.load.v16f32.p0(ptr %bp{j}, "
+                      f"i32 4, <16 x i1> %m{j}, <16 x float> zeroinitializer)"]
+        lines += [f"  %akoff = mul i64 %k, {MR}", "  %ak = getelementptr float, ptr %A, i64 %akoff"]
+        if TABLE_PREFETCH:
+            # B row k + TABLE_PREFETCH (the table has that many entries past k - 1)
+            lines += [f"  %tpf = getelementptr i64, ptr %tp, i64 {TABLE_PREFETCH}",
+                      "  %pfoff = load i64, ptr %tpf",
+                      "  %pfb = getelementptr float, ptr %B, i64 %pfoff"]
+            for j in range(nv + 1):
+                lines += [f"  %pf{j} = getelementptr float, ptr %pfb, i64 {16 * j}",
+                          f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 3, i32 1)"]
+    else:
+        lines += [f"  %boff = mul i64 %k, {NR}", "  %bp = getelementptr float, ptr %B, i64 %boff"]
+        for j in range(nv):
+            lines += [f"  %bp{j} = getelementptr float, ptr %bp, i64 {16 * j}",
+                      f"  %b{j} = load <16 x float>, ptr %bp{j}, align 4"]
+        # the panel streams in from L3 on the first tile: fetch ahead, a cache line per vector
+        for j in range(nv):
+            lines += [f"  %pf{j} = getelementptr float, ptr %bp{j}, i64 {PREFETCH}",
+                      f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 3, i32 1)"]
     for i in range(mr):
-        lines += [f"  %aq{i} = getelementptr float, ptr %ap{i}, i64 %k",
+        src = f"%ak, i64 {i}" if table else f"%ap{i}, i64 %k"
+        lines += [f"  %aq{i} = getelementptr float, ptr {src}",
                   f"  %as{i} = load float, ptr %aq{i}, align 4",
                   f"  %ai{i} = insertelement <16 x float> poison, float %as{i}, i64 0",
                   f"  %av{i} = shufflevector <16 x float> %ai{i}, <16 x float> poison, "
@@ -91,12 +126,6 @@ def _tile_ir(mr: int) -> str:
         for j in range(nv):
             lines.append(f"  %r{i}_{j} = phi <16 x float> [zeroinitializer, %entry], "
                          f"[%n{i}_{j}, %loop]")
-    lines += ["  %ncs = insertelement <16 x i64> poison, i64 %ncols, i64 0",
-              "  %ncv = shufflevector <16 x i64> %ncs, <16 x i64> poison, "
-              "<16 x i32> zeroinitializer"]
-    for j in range(nv):
-        lanes = ", ".join(f"i64 {x + 16 * j}" for x in range(16))
-        lines.append(f"  %m{j} = icmp ult <16 x i64> <{lanes}>, %ncv")
     for i in range(mr):
         lines += [f"  %coff{i} = mul i64 %ldc, {i}",
                   f"  %cp{i} = getelementptr float, ptr %C, i64 %coff{i}"]
@@ -108,19 +137,29 @@ def _tile_ir(mr: int) -> str:
     return "\n".join(lines)
 
 
-def microkernel_ir() -> str:
-    """The LLVM module: mk1 ... mk12 and the entry `eqsat_fuse_mk(mr, ...)` choosing one."""
-    parts = ["declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)",
-             "declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)",
-             "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
-    parts += [_tile_ir(mr) for mr in range(1, MR + 1)]
+def _entry_ir(symbol: str, prefix: str, second: str) -> str:
+    """`symbol(mr, A, <second>, B, C, ldc, k, ncols)`: calls <prefix><mr>."""
     cases = " ".join(f"i64 {mr}, label %d{mr}" for mr in range(1, MR))
-    entry = [f"define void @{SYMBOL}(i64 %mr, ptr %A, i64 %lda, ptr %B, ptr %C, i64 %ldc, "
+    entry = [f"define void @{symbol}(i64 %mr, ptr %A, {second} %S, ptr %B, ptr %C, i64 %ldc, "
              "i64 %kc, i64 %ncols) #0 {", "entry:", f"  switch i64 %mr, label %d{MR} [{cases}]"]
     for mr in range(1, MR + 1):
-        entry += [f"d{mr}:", f"  call void @mk{mr}(ptr %A, i64 %lda, ptr %B, ptr %C, i64 %ldc, "
-                  "i64 %kc, i64 %ncols)", "  ret void"]
-    parts.append("\n".join(entry + ["}"]))
+        entry += [f"d{mr}:", f"  call void @{prefix}{mr}(ptr %A, {second} %S, ptr %B, ptr %C, "
+                  "i64 %ldc, i64 %kc, i64 %ncols)", "  ret void"]
+    return "\n".join(entry + ["}"])
+
+
+def microkernel_ir() -> str:
+    """The LLVM module: tiles mk1 ... mk12 behind the entry `eqsat_fuse_mk(mr, ...)` (packed
+    B), and mkt1 ... mkt12 behind `eqsat_fuse_mkt(mr, ...)` (packed A, B by a row table)."""
+    parts = ["declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)",
+             "declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)",
+             "declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, "
+             "<16 x float>)",
+             "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
+    parts += [_tile_ir(mr) for mr in range(1, MR + 1)]
+    parts += [_tile_ir(mr, table=True) for mr in range(1, MR + 1)]
+    parts.append(_entry_ir(SYMBOL, "mk", "i64"))
+    parts.append(_entry_ir(SYMBOL_TABLE, "mkt", "ptr"))
     parts.append('attributes #0 = { nounwind "prefer-vector-width"="512" '
                  '"min-legal-vector-width"="512" }')
     return "\n\n".join(parts)
@@ -149,27 +188,41 @@ def ensure_compiled() -> None:
     builder.getModulePassManager().run(module, builder)
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
-    llvm.add_symbol(SYMBOL, engine.get_function_address(SYMBOL))
+    for symbol in (SYMBOL, SYMBOL_TABLE):
+        llvm.add_symbol(symbol, engine.get_function_address(symbol))
     _ENGINE = engine            # keeps the machine code mapped
 
 
-@intrinsic
-def _tile(typingctx, mr, a, lda, b, c, ldc, kc, ncols):
-    """Call the microkernel on integer addresses."""
-    sig = types.none(mr, a, lda, b, c, ldc, kc, ncols)
+def _caller(symbol: str, address_second: bool):
+    """An intrinsic calling the entry `symbol` on integer addresses; its third argument is an
+    address too when `address_second` (the row table), else an integer (lda)."""
 
-    def codegen(context, builder, signature, args):
-        ptr = ir.IntType(8).as_pointer()
-        i64 = ir.IntType(64)
-        fnty = ir.FunctionType(ir.VoidType(), [i64, ptr, i64, ptr, ptr, i64, i64, i64])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, SYMBOL)
-        values = [context.cast(builder, v, t, types.int64) for v, t in zip(args, signature.args)]
-        mr_, a_, lda_, b_, c_, ldc_, kc_, nc_ = values
-        builder.call(fn, [mr_, builder.inttoptr(a_, ptr), lda_, builder.inttoptr(b_, ptr),
-                          builder.inttoptr(c_, ptr), ldc_, kc_, nc_])
-        return context.get_dummy_value()
+    @intrinsic
+    def call(typingctx, mr, a, second, b, c, ldc, kc, ncols):
+        sig = types.none(mr, a, second, b, c, ldc, kc, ncols)
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            ptr = ir.IntType(8).as_pointer()
+            i64 = ir.IntType(64)
+            fnty = ir.FunctionType(ir.VoidType(), [i64, ptr, ptr if address_second else i64,
+                                                   ptr, ptr, i64, i64, i64])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
+            values = [context.cast(builder, v, t, types.int64)
+                      for v, t in zip(args, signature.args)]
+            mr_, a_, s_, b_, c_, ldc_, kc_, nc_ = values
+            if address_second:
+                s_ = builder.inttoptr(s_, ptr)
+            builder.call(fn, [mr_, builder.inttoptr(a_, ptr), s_, builder.inttoptr(b_, ptr),
+                              builder.inttoptr(c_, ptr), ldc_, kc_, nc_])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return call
+
+
+_tile = _caller(SYMBOL, False)
+_table_tile = _caller(SYMBOL_TABLE, True)
 
 
 _OPTS = dict(cache=True, error_model="numpy")
@@ -199,3 +252,51 @@ def gemm_parallel(a, a_off, lda, r0, r1, bp, n, k, c, c_off, ldc):
     """`gemm` with the panels shared among the threads."""
     for p in prange(bp.shape[0]):
         _panel(a, a_off, lda, r0, r1, bp, p, n, k, c, c_off, ldc)
+
+
+def pack_rows(a: np.ndarray) -> np.ndarray:
+    """A[M, K] -> tiles (ceil(M / MR), K, MR) float32, rows past M zero: what `gemm_rows`
+    reads (A[i, k] of a tile at k * MR + i)."""
+    a = np.asarray(a, dtype=np.float32)
+    m, k = a.shape
+    tiles = -(-m // MR)
+    padded = np.zeros((tiles * MR, k), np.float32)
+    padded[:m] = a
+    return np.ascontiguousarray(padded.reshape(tiles, MR, k).transpose(0, 2, 1))
+
+
+def row_table(offsets) -> np.ndarray:
+    """The int64 row table `gemm_rows` reads: the offsets, then TABLE_PREFETCH copies of the
+    first (rows the microkernel prefetches past the end)."""
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1)
+    pad = np.full(TABLE_PREFETCH, offsets[0] if offsets.size else 0, np.int64)
+    return np.concatenate([offsets, pad])
+
+
+@njit(**_OPTS)
+def _row_tile(ap, a_off, t, m, k, b, b_off, table, n, c, c_off, ldc):
+    mr = min(MR, m - t * MR)
+    pa = ap.ctypes.data + 4 * (a_off + t * MR * k)
+    pb = b.ctypes.data + 4 * b_off
+    pc = c.ctypes.data + 4 * (c_off + t * MR * ldc)
+    for q in range(0, n, NR):
+        _table_tile(mr, pa, table.ctypes.data, pb + 4 * q, pc + 4 * q, ldc, k, min(NR, n - q))
+
+
+@njit(**_OPTS)
+def gemm_rows(ap, a_off, m, k, b, b_off, table, n, c, c_off, ldc):
+    """C[r, j] = sum_k A[r, k] B[k, j] for r < m, j < n: A packed by `pack_rows` (its tiles
+    from ap[a_off]), B[k, j] = b[b_off + table[k] + j] (any row offsets: rows of a matrix, or
+    the taps of a convolution over padded input planes; `row_table` appends the entries the
+    prefetch reads), C at c[c_off + r * ldc + j].
+    Row tiles outer, so each tile of A stays in L1 while the columns stream past it."""
+    for t in range(-(-m // MR)):
+        _row_tile(ap, a_off, t, m, k, b, b_off, table, n, c, c_off, ldc)
+
+
+@njit(parallel=True, **_OPTS)
+def gemm_rows_parallel(ap, a_off, m, k, b, b_off, table, n, c, c_off, ldc):
+    """`gemm_rows` with the row tiles shared among the threads."""
+    for t in prange(-(-m // MR)):
+        _row_tile(ap, a_off, t, m, k, b, b_off, table, n, c, c_off, ldc)
+

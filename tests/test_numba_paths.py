@@ -1,6 +1,7 @@
 """The Numba backend's fast paths, each against onnxruntime on a model that takes it:
 program segments (one compiled call per run of kernels), output buffers reused across runs
-(`run(feeds, out=...)`), shifted-GEMM convolutions, strided batched MatMul without packing,
+(`run(feeds, out=...)`), convolutions (the packed microkernel over row offsets, and the
+BLAS paths of other CPUs: im2col, shifted GEMMs, depthwise), strided batched MatMul without packing,
 data movement kernels (Gather, Concat, Pad, copies of views), pooling whose window is larger
 than its input, and row reductions (Softmax, LayerNorm, ReduceMean) in lanes."""
 
@@ -34,13 +35,13 @@ def _check(program, seed=1):
 
 
 def _conv_model(rng, c=6, m=5, size=20, k=3, pads=(1, 1, 1, 1), dil=(1, 1), group=1,
-                relu=True, residual=True):
+                relu=True, residual=True, strides=(1, 1)):
     w = (rng.standard_normal((m, c // group, k, k)) * 0.2).astype(np.float32)
     b = rng.normal(0, 0.1, m).astype(np.float32)
-    oh = (size + pads[0] + pads[2] - ((k - 1) * dil[0] + 1)) + 1
-    ow = (size + pads[1] + pads[3] - ((k - 1) * dil[1] + 1)) + 1
+    oh = (size + pads[0] + pads[2] - ((k - 1) * dil[0] + 1)) // strides[0] + 1
+    ow = (size + pads[1] + pads[3] - ((k - 1) * dil[1] + 1)) // strides[1] + 1
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=list(pads),
-                              dilations=list(dil), group=group)]
+                              dilations=list(dil), group=group, strides=list(strides))]
     out = "c"
     inputs = [("x", [1, c, size, size])]
     if residual:
@@ -54,23 +55,61 @@ def _conv_model(rng, c=6, m=5, size=20, k=3, pads=(1, 1, 1, 1), dil=(1, 1), grou
     return make_model(nodes, inputs, [("y", [1, m, oh, ow])], {"w": w, "b": b})
 
 
-@pytest.mark.parametrize("cfg", [
-    dict(),                                             # 3x3 pad 1: the shifted-GEMM path
+_CONVS = [
+    dict(),                                             # 3x3 pad 1
     dict(k=5, pads=(2, 2, 2, 2)),
     dict(k=3, pads=(0, 1, 2, 1), relu=False),           # asymmetric pads
     dict(k=3, pads=(2, 2, 2, 2), dil=(2, 2)),           # dilation
     dict(c=6, m=4, group=2, residual=False),            # groups
-    dict(size=5, residual=False),                       # small plane: im2col path
-])
-def test_convolutions_match_onnxruntime(cfg, kernel_cache, rng):
+    dict(size=5, residual=False),                       # small plane
+    dict(k=1, pads=(0, 0, 0, 0)),                       # 1x1: reads the input planes as they are
+    dict(k=1, pads=(0, 0, 0, 0), strides=(2, 2), residual=False),
+    dict(c=3, m=16, size=23, k=7, pads=(3, 3, 3, 3), strides=(2, 2)),   # a stem
+    dict(k=3, pads=(1, 0, 1, 2), strides=(2, 1), dil=(1, 2), residual=False),
+    dict(c=8, m=26, size=40, group=2),                  # several column chunks, part row tiles
+    dict(c=4, m=300, size=24, residual=False),          # several row blocks
+    dict(c=12, m=12, group=12, size=17),                # depthwise 3x3
+    dict(c=12, m=12, group=12, size=17, strides=(2, 2), residual=False),
+    dict(c=8, m=8, group=8, k=5, pads=(2, 2, 2, 2), strides=(2, 2), residual=False),
+    dict(c=8, m=8, group=8, dil=(2, 2), pads=(2, 2, 2, 2)),
+]
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "blas"])
+@pytest.mark.parametrize("cfg", _CONVS)
+def test_convolutions_match_onnxruntime(cfg, packed, kernel_cache, rng, monkeypatch):
+    # packed: the AVX-512 microkernel over row offsets of the input (where the CPU has it);
+    # blas: the paths of other CPUs (im2col, shifted GEMMs, 1x1 straight from the planes)
+    from eqsat_fuse import backend_numba
+    if packed and not backend_numba.PG.AVAILABLE:
+        pytest.skip("the packed convolution needs AVX-512")
+    monkeypatch.setattr(backend_numba, "PACKED_CONV", packed)
     _check(_compile(_conv_model(rng, **cfg), kernel_cache))
 
 
-def test_shifted_gemm_conv_is_used_for_wide_planes(kernel_cache, rng):
-    program = _compile(_conv_model(rng, size=40), kernel_cache)
-    _check(program)
-    sources = "".join(p.read_text() for p in kernel_cache.glob("k_*.py"))
-    assert "K.pad_planes" in sources
+def _sources(folder) -> str:
+    return "".join(p.read_text() for p in folder.glob("k_*.py"))
+
+
+def test_shifted_gemm_conv_is_used_for_wide_planes(tmp_path, rng, monkeypatch):
+    from eqsat_fuse import backend_numba
+    monkeypatch.setattr(backend_numba, "PACKED_CONV", False)
+    _check(_compile(_conv_model(rng, size=40), tmp_path))
+    assert "K.pad_planes" in _sources(tmp_path)
+
+
+@pytest.mark.parametrize("k, direct", [(3, False), (1, True)])
+def test_packed_conv_is_used_on_avx512(k, direct, tmp_path, rng):
+    from eqsat_fuse import backend_numba
+    if not backend_numba.PG.AVAILABLE:
+        pytest.skip("the packed convolution needs AVX-512")
+    pads = (k // 2,) * 4
+    _check(_compile(_conv_model(rng, size=30, k=k, pads=pads), tmp_path))
+    sources = _sources(tmp_path)
+    assert "PG.gemm_rows(" in sources and "np.dot(" not in sources
+    # a 1x1 stride-1 Conv reads its input in place; others split it by phase, then compact
+    assert ("K.phase_planes" in sources) == (not direct)
+    assert ("K.compact_cols" in sources) == (not direct)
 
 
 def test_program_runs_in_few_segments_and_matches_per_kernel_steps(kernel_cache, rng):

@@ -55,6 +55,50 @@ def test_gemm_matches_numpy_and_writes_only_c(m, k, n, pad_a, pad_c, r0, paralle
     assert np.all(c[:c_off] == 9.5) and np.all(c[c_off + rows * ldc:] == 9.5)
 
 
+def test_pack_rows_lays_out_row_tiles():
+    a = np.arange(14 * 5, dtype=np.float32).reshape(14, 5)
+    p = PG.pack_rows(a)
+    assert p.shape == (2, 5, PG.MR)
+    np.testing.assert_array_equal(p[0], a[:PG.MR].T)
+    np.testing.assert_array_equal(p[1, :, :2], a[PG.MR:].T)
+    assert not p[1, :, 2:].any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 30), k=st.integers(1, 40), n=st.integers(1, 100),
+       b_off=st.integers(0, 9), pad_c=st.integers(0, 5), parallel=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_gemm_rows_reads_b_through_the_row_table(m, k, n, b_off, pad_c, parallel, seed):
+    # rows of B anywhere in b (overlapping, out of order, repeated): what a convolution's taps
+    # over padded planes look like; the last row ends exactly at the end of b (masked loads)
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    span = 3 * n
+    offsets = rng.integers(0, span - n + 1, k)
+    offsets[-1] = span - n
+    b = rng.standard_normal(b_off + span).astype(np.float32)
+    ldc = n + pad_c
+    c_off = 4
+    c = np.full(c_off + m * ldc + 5, 9.5, np.float32)
+    fn = PG.gemm_rows_parallel if parallel else PG.gemm_rows
+    fn(PG.pack_rows(a), 0, m, k, b, b_off, PG.row_table(offsets), n, c, c_off, ldc)
+    B = np.stack([b[b_off + o:b_off + o + n] for o in offsets]).astype(np.float64)
+    C = c[c_off:c_off + m * ldc].reshape(m, ldc)
+    np.testing.assert_allclose(C[:, :n], a.astype(np.float64) @ B, rtol=1e-5, atol=1e-5 * k)
+    assert np.all(C[:, n:] == 9.5)
+    assert np.all(c[:c_off] == 9.5) and np.all(c[c_off + m * ldc:] == 9.5)
+
+
+def test_gemm_rows_starts_at_a_row_tile_of_a_larger_matrix(rng):
+    # the backend passes rows [m0, m1) of packed weights as an offset of m0 * k (m0 % MR == 0)
+    a = rng.standard_normal((30, 7)).astype(np.float32)
+    b = rng.standard_normal((7, 20)).astype(np.float32)
+    c = np.zeros(18 * 20, np.float32)
+    PG.gemm_rows(PG.pack_rows(a), PG.MR * 7, 18, 7, b.reshape(-1), 0,
+                 PG.row_table(np.arange(7) * 20), 20, c, 0, 20)
+    np.testing.assert_allclose(c.reshape(18, 20), a[PG.MR:] @ b, rtol=1e-5, atol=1e-5)
+
+
 def _mlp(rng, rows, k, n, gemm=False):
     w1 = (rng.standard_normal((n, k) if gemm else (k, n)) * 0.1).astype(np.float32)
     b1 = rng.normal(0, 0.1, n).astype(np.float32)
