@@ -52,7 +52,9 @@ def main() -> None:
         packed = [PG.pack(w) for w in ws]
         sessions = [ort_session(_matmul_model(m, k, n, w), THREADS, True) for w in ws]
         c = np.empty((m, n), np.float32)
-        gemm(a, 0, k, 0, m, packed[0], n, k, c, 0, n)
+        af, cf = a.reshape(-1), c.reshape(-1)
+        work = np.empty(PG.a_workspace(m, k), np.float32)
+        gemm(af, 0, k, 0, m, packed[0], n, k, cf, 0, n, work)
         assert np.allclose(c, a @ ws[0], rtol=1e-4, atol=1e-3)
         for label, count in (("hot", 1), ("cold", 8)):
             turn = [0]
@@ -62,7 +64,7 @@ def main() -> None:
                 return turn[0]
 
             t = measure({
-                "packed": lambda: gemm(a, 0, k, 0, m, packed[nxt()], n, k, c, 0, n),
+                "packed": lambda: gemm(af, 0, k, 0, m, packed[nxt()], n, k, cf, 0, n, work),
                 "openblas": lambda: np.matmul(a, ws[nxt()], out=c),
                 "ort": lambda: sessions[nxt()].run(None, {"a": a}),
             }, repeat=40)

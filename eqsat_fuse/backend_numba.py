@@ -1174,18 +1174,23 @@ class KernelGen:
             value = Bv if node.op == "Gemm" else np.ascontiguousarray(
                 np.asarray(self.b.constants[tb.storage], dtype=np.float32).reshape(sb))
             rows = batch * M
+            block = _gemm_block(rows, N)
             m.lines.append(f"RT = {m.int_param(rows)}")
-            m.lines.append(f"BM = {m.int_param(_gemm_block(rows, N))}")
+            m.lines.append(f"BM = {m.int_param(block)}")
+            if PG.AVAILABLE:           # workspace for a block of A's rows, packed per call
+                size = PG.a_workspace(min(rows, block), Kd)
+                ap = self.alloc(size)
+                m.lines.append(f"AP = WS[{ap}:{ap} + {m.int_param(size)}]")
             m.lines.append(f"for r0 in range(0, RT, BM):")
             m.lines.append(f"    r1 = min(r0 + BM, RT)")
             if PG.AVAILABLE:
-                # the weights packed into column panels once, here; no BLAS packing per run
+                # the weights packed into column panels once, here; A's rows packed per block
                 Bname = m.array(bkey, ("array", PG.pack(value)))
                 driver = ("gemm_parallel" if self.b.threads > 1
                           and rows * N * Kd >= PARALLEL_MIN_MACS else "gemm")
                 m.uses_packed_gemm = True
-                m.lines.append(f"    PG.{driver}(A2, 0, {m.int_param(Kd)}, r0, r1, {Bname}, EC, "
-                               f"{m.int_param(Kd)}, {acc}, 0, EC)")
+                m.lines.append(f"    PG.{driver}(A, 0, {m.int_param(Kd)}, r0, r1, {Bname}, EC, "
+                               f"{m.int_param(Kd)}, {acc}, 0, EC, AP)")
             else:
                 Bname = m.array(bkey, ("array", np.ascontiguousarray(value, dtype=np.float32)))
                 m.lines.append(f"    np.dot(A2[r0:r1], {Bname}, {acc}[r0 * EC:r1 * EC]"

@@ -1,21 +1,28 @@
-"""Row-major float32 GEMM against a constant, prepacked B, for CPUs with AVX-512.
+"""Float32 GEMM kernels for CPUs with AVX-512: a register-blocked microkernel in LLVM IR.
 
-A model's MatMul/Gemm weights are constants, so they can be laid out once, at compile time,
-the way the inner loop reads them: `pack(B)` stores B[K, N] as panels of 32 columns,
-(ceil(N / 32), K, 32), zero-padded. `gemm(...)` then computes C[m, n] = A[m, k] B[k, n]
-(A and C row-major with leading dimensions) with a register-blocked microkernel and no
-packing at run time.
+The microkernel computes an MR x 32 tile of C (MR <= 12 rows, so 24 of the 32 zmm registers
+hold accumulators) over the whole K; each step loads two 16-float vectors of B, broadcasts MR
+values of A and does 2 MR fused multiply-adds; the last panel loads and stores under a mask.
+A is always packed in row tiles, `pack_rows` (A[i, k] of a tile at k * MR + i: one contiguous
+stream); B comes in one of two ways:
 
-The microkernel is written in LLVM IR (below): an MR x 32 tile of C (MR <= 12 rows, so 24 of
-the 32 zmm registers hold accumulators) over the whole K, each step two 16-float loads of the
-B panel, MR broadcasts of A and 2 MR fused multiply-adds; the last panel stores under a mask.
-llvmlite compiles it once per process and registers it as the symbol `eqsat_fuse_mk`, which
-compiled kernels call by name, so they stay cacheable on disk (as with the BLAS sgemm symbol).
+- `gemm`: B packed in panels of 32 columns, `pack(B)` = (ceil(N / 32), K, 32), zero-padded.
+  A model's MatMul/Gemm weights are constants, so the backend packs them once, at compile
+  time; A (the activations) is packed per call into a workspace (`a_workspace` floats), which
+  costs 1-4% of the GEMM and gains 4-12% over reading A row-major (bench of 197 x 768 x 3072 /
+  197 x 3072 x 768, ViT-Base);
+- `gemm_rows`: B[k, j] at b[b_off + table[k] + j], a table of row offsets. For Conv, A is the
+  constant weights and row (c, i, j) of the im2col matrix is a shifted view of an input plane,
+  so no im2col matrix is built (backend_numba `conv_packed`).
+
+llvmlite compiles the module once per process and registers the entries `eqsat_fuse_mk` and
+`eqsat_fuse_mkt` as symbols, which compiled kernels call by name, so they stay cacheable on
+disk (as with the BLAS sgemm symbol).
 
 Measured on this machine by bench/gemm.py (one thread, 128 x 768 x 3072, the BERT-base
-feed-forward): 200 GFLOP/s with the weights in cache and 170 with them coming from L3, against
-161 / 139 for OpenBLAS's sgemm and 212 / 177 for onnxruntime's MLAS. Without AVX-512,
-`AVAILABLE` is False and the backend calls BLAS.
+feed-forward, before A was packed): 200 GFLOP/s with the weights in cache and 170 with them
+coming from L3, against 161 / 139 for OpenBLAS's sgemm and 212 / 177 for onnxruntime's MLAS.
+Without AVX-512, `AVAILABLE` is False and the backend calls BLAS.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernels_numba import WIDE_VECTORS
+
+U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
 
 NR = 32            # columns per panel: two 16-float vectors
 MR = 12            # rows per microkernel call at most
@@ -40,8 +49,9 @@ PREFETCH = 512
 # the same within noise)
 TABLE_PREFETCH = 8
 
-__all__ = ["AVAILABLE", "NR", "MR", "pack", "pack_rows", "ensure_compiled", "gemm",
-           "gemm_parallel", "gemm_rows", "gemm_rows_parallel", "row_table", "microkernel_ir"]
+__all__ = ["AVAILABLE", "NR", "MR", "pack", "pack_rows", "a_workspace", "ensure_compiled",
+           "gemm", "gemm_parallel", "gemm_rows", "gemm_rows_parallel", "row_table",
+           "microkernel_ir"]
 
 
 # the microkernel is AVX-512 code: available where the kernels vectorize 512 bits wide
@@ -59,15 +69,16 @@ def pack(b: np.ndarray) -> np.ndarray:
 
 
 def _tile_ir(mr: int, table: bool = False) -> str:
-    """`void mk<mr>(A, lda, B, C, ldc, k, ncols)`: C[i, j] = sum_k A[i, k] B[k, j] for i < mr,
-    j < ncols (<= NR); B is one panel (k rows of NR floats).
+    """`void mk<mr>(A, B, C, ldc, k, ncols)`: C[i, j] = sum_k A[i, k] B[k, j] for i < mr,
+    j < ncols (<= NR); A one row tile of `pack_rows` (A[i, k] at A + k MR + i), B one panel
+    (k rows of NR floats).
 
-    With `table`, `void mkt<mr>(A, T, B, C, ldc, k, ncols)`: A packed by `pack_rows` (A[i, k] at
-    A + k MR + i) and B[k, j] at B + T[k] + j, T an int64 table of row offsets (in floats);
-    the loads of B are masked to j < ncols, so no column past the tile is read."""
+    With `table`, `void mkt<mr>(A, T, B, C, ldc, k, ncols)`: B[k, j] at B + T[k] + j, T an
+    int64 table of row offsets (in floats); the loads of B are masked to j < ncols, so no
+    column past the tile is read."""
     nv = NR // 16
-    name, second = (f"mkt{mr}", "ptr noalias %T") if table else (f"mk{mr}", "i64 %lda")
-    lines = [f"define internal void @{name}(ptr noalias %A, {second}, ptr noalias %B, "
+    name, second = (f"mkt{mr}", "ptr noalias %T, ") if table else (f"mk{mr}", "")
+    lines = [f"define internal void @{name}(ptr noalias %A, {second}ptr noalias %B, "
              "ptr noalias %C, i64 %ldc, i64 %kc, i64 %ncols) #0 {", "entry:",
              "  %ncs = insertelement <16 x i64> poison, i64 %ncols, i64 0",
              "  %ncv = shufflevector <16 x i64> %ncs, <16 x i64> poison, "
@@ -75,10 +86,6 @@ def _tile_ir(mr: int, table: bool = False) -> str:
     for j in range(nv):
         lanes = ", ".join(f"i64 {x + 16 * j}" for x in range(16))
         lines.append(f"  %m{j} = icmp ult <16 x i64> <{lanes}>, %ncv")
-    if not table:
-        for i in range(mr):
-            lines += [f"  %aoff{i} = mul i64 %lda, {i}",
-                      f"  %ap{i} = getelementptr float, ptr %A, i64 %aoff{i}"]
     lines += ["  %empty = icmp eq i64 %kc, 0", "  br i1 %empty, label %exit, label %loop",
               "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
     for i in range(mr):
@@ -92,7 +99,6 @@ def _tile_ir(mr: int, table: bool = False) -> str:
             lines += [f"  %bp{j} = getelementptr float, ptr %bp, i64 {16 * j}",
                       f"  %b{j} = call <16 x float> @llvm.masked.load.v16f32.p0(ptr %bp{j}, "
                       f"i32 4, <16 x i1> %m{j}, <16 x float> zeroinitializer)"]
-        lines += [f"  %akoff = mul i64 %k, {MR}", "  %ak = getelementptr float, ptr %A, i64 %akoff"]
         if TABLE_PREFETCH:
             # B row k + TABLE_PREFETCH (the table has that many entries past k - 1)
             lines += [f"  %tpf = getelementptr i64, ptr %tp, i64 {TABLE_PREFETCH}",
@@ -110,9 +116,9 @@ def _tile_ir(mr: int, table: bool = False) -> str:
         for j in range(nv):
             lines += [f"  %pf{j} = getelementptr float, ptr %bp{j}, i64 {PREFETCH}",
                       f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 3, i32 1)"]
+    lines += [f"  %akoff = mul i64 %k, {MR}", "  %ak = getelementptr float, ptr %A, i64 %akoff"]
     for i in range(mr):
-        src = f"%ak, i64 {i}" if table else f"%ap{i}, i64 %k"
-        lines += [f"  %aq{i} = getelementptr float, ptr {src}",
+        lines += [f"  %aq{i} = getelementptr float, ptr %ak, i64 {i}",
                   f"  %as{i} = load float, ptr %aq{i}, align 4",
                   f"  %ai{i} = insertelement <16 x float> poison, float %as{i}, i64 0",
                   f"  %av{i} = shufflevector <16 x float> %ai{i}, <16 x float> poison, "
@@ -137,20 +143,21 @@ def _tile_ir(mr: int, table: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _entry_ir(symbol: str, prefix: str, second: str) -> str:
-    """`symbol(mr, A, <second>, B, C, ldc, k, ncols)`: calls <prefix><mr>."""
+def _entry_ir(symbol: str, prefix: str, table: bool) -> str:
+    """`symbol(mr, A, [T,] B, C, ldc, k, ncols)`: calls <prefix><mr>."""
+    second = "ptr %T, " if table else ""
     cases = " ".join(f"i64 {mr}, label %d{mr}" for mr in range(1, MR))
-    entry = [f"define void @{symbol}(i64 %mr, ptr %A, {second} %S, ptr %B, ptr %C, i64 %ldc, "
+    entry = [f"define void @{symbol}(i64 %mr, ptr %A, {second}ptr %B, ptr %C, i64 %ldc, "
              "i64 %kc, i64 %ncols) #0 {", "entry:", f"  switch i64 %mr, label %d{MR} [{cases}]"]
     for mr in range(1, MR + 1):
-        entry += [f"d{mr}:", f"  call void @{prefix}{mr}(ptr %A, {second} %S, ptr %B, ptr %C, "
+        entry += [f"d{mr}:", f"  call void @{prefix}{mr}(ptr %A, {second}ptr %B, ptr %C, "
                   "i64 %ldc, i64 %kc, i64 %ncols)", "  ret void"]
     return "\n".join(entry + ["}"])
 
 
 def microkernel_ir() -> str:
-    """The LLVM module: tiles mk1 ... mk12 behind the entry `eqsat_fuse_mk(mr, ...)` (packed
-    B), and mkt1 ... mkt12 behind `eqsat_fuse_mkt(mr, ...)` (packed A, B by a row table)."""
+    """The LLVM module: tiles mk1 ... mk12 behind the entry `eqsat_fuse_mk(mr, ...)` (B in
+    panels), and mkt1 ... mkt12 behind `eqsat_fuse_mkt(mr, ...)` (B by a row table)."""
     parts = ["declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)",
              "declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)",
              "declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, "
@@ -158,8 +165,8 @@ def microkernel_ir() -> str:
              "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
     parts += [_tile_ir(mr) for mr in range(1, MR + 1)]
     parts += [_tile_ir(mr, table=True) for mr in range(1, MR + 1)]
-    parts.append(_entry_ir(SYMBOL, "mk", "i64"))
-    parts.append(_entry_ir(SYMBOL_TABLE, "mkt", "ptr"))
+    parts.append(_entry_ir(SYMBOL, "mk", False))
+    parts.append(_entry_ir(SYMBOL_TABLE, "mkt", True))
     parts.append('attributes #0 = { nounwind "prefer-vector-width"="512" '
                  '"min-legal-vector-width"="512" }')
     return "\n\n".join(parts)
@@ -193,70 +200,93 @@ def ensure_compiled() -> None:
     _ENGINE = engine            # keeps the machine code mapped
 
 
-def _caller(symbol: str, address_second: bool):
-    """An intrinsic calling the entry `symbol` on integer addresses; its third argument is an
-    address too when `address_second` (the row table), else an integer (lda)."""
+def _call_codegen(symbol: str, ptr_slots: set[int]):
+    """Codegen of a call to the entry `symbol`: arguments in `ptr_slots` are addresses."""
 
-    @intrinsic
-    def call(typingctx, mr, a, second, b, c, ldc, kc, ncols):
-        sig = types.none(mr, a, second, b, c, ldc, kc, ncols)
+    def codegen(context, builder, signature, values):
+        ptr = ir.IntType(8).as_pointer()
+        i64 = ir.IntType(64)
+        n = len(values)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr if i in ptr_slots else i64 for i in range(n)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
+        ints = [context.cast(builder, v, t, types.int64) for v, t in zip(values, signature.args)]
+        builder.call(fn, [builder.inttoptr(v, ptr) if i in ptr_slots else v
+                          for i, v in enumerate(ints)])
+        return context.get_dummy_value()
 
-        def codegen(context, builder, signature, args):
-            ptr = ir.IntType(8).as_pointer()
-            i64 = ir.IntType(64)
-            fnty = ir.FunctionType(ir.VoidType(), [i64, ptr, ptr if address_second else i64,
-                                                   ptr, ptr, i64, i64, i64])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
-            values = [context.cast(builder, v, t, types.int64)
-                      for v, t in zip(args, signature.args)]
-            mr_, a_, s_, b_, c_, ldc_, kc_, nc_ = values
-            if address_second:
-                s_ = builder.inttoptr(s_, ptr)
-            builder.call(fn, [mr_, builder.inttoptr(a_, ptr), s_, builder.inttoptr(b_, ptr),
-                              builder.inttoptr(c_, ptr), ldc_, kc_, nc_])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return call
+    return codegen
 
 
-_tile = _caller(SYMBOL, False)
-_table_tile = _caller(SYMBOL_TABLE, True)
+@intrinsic
+def _tile(typingctx, mr, a, b, c, ldc, kc, ncols):
+    """The panel microkernel on integer addresses of A, B and C."""
+    return types.none(mr, a, b, c, ldc, kc, ncols), _call_codegen(SYMBOL, {1, 2, 3})
+
+
+@intrinsic
+def _table_tile(typingctx, mr, a, t, b, c, ldc, kc, ncols):
+    """The row-table microkernel on integer addresses of A, the table, B and C."""
+    return (types.none(mr, a, t, b, c, ldc, kc, ncols),
+            _call_codegen(SYMBOL_TABLE, {1, 2, 3, 4}))
 
 
 _OPTS = dict(cache=True, error_model="numpy")
 
 
+def a_workspace(rows: int, k: int) -> int:
+    """Floats of workspace `gemm` packs `rows` rows of A into."""
+    return -(-rows // MR) * MR * k
+
+
 @njit(**_OPTS)
-def _panel(a, a_off, lda, r0, r1, bp, p, n, k, c, c_off, ldc):
+def pack_a(a, a_off, lda, r0, r1, k, out):
+    """Rows [r0, r1) of A (a[a_off + r * lda + j]) into row tiles, as `pack_rows` lays them."""
+    m = r1 - r0
+    for t in range(-(-m // MR)):
+        base = t * MR * k
+        top = r0 + t * MR
+        nr = min(MR, r1 - top)
+        for kk in range(k):
+            for i in range(nr):
+                out[U(base + kk * MR + i)] = a[U(a_off + (top + i) * lda + kk)]
+            for i in range(nr, MR):
+                out[U(base + kk * MR + i)] = np.float32(0)
+
+
+@njit(**_OPTS)
+def _panel(pa, m, bp, p, n, k, pc, ldc):
     nc = min(NR, n - p * NR)
-    pa = a.ctypes.data + 4 * a_off
     pb = bp.ctypes.data + 4 * p * k * NR
-    pc = c.ctypes.data + 4 * (c_off + p * NR)
-    for m0 in range(r0, r1, MR):
-        _tile(min(MR, r1 - m0), pa + 4 * m0 * lda, lda, pb, pc + 4 * m0 * ldc, ldc, k, nc)
+    for t in range(-(-m // MR)):
+        _tile(min(MR, m - t * MR), pa + 4 * t * MR * k, pb, pc + 4 * (t * MR * ldc + p * NR),
+              ldc, k, nc)
 
 
 @njit(**_OPTS)
-def gemm(a, a_off, lda, r0, r1, bp, n, k, c, c_off, ldc):
+def gemm(a, a_off, lda, r0, r1, bp, n, k, c, c_off, ldc, ws):
     """C rows [r0, r1) = A rows [r0, r1) @ B, with A at a[a_off + r * lda + j] and C at
-    c[c_off + r * ldc + j] (flat float32 arrays), B packed by `pack` (n columns, k rows).
+    c[c_off + r * ldc + j] (flat float32 arrays), B packed by `pack` (n columns, k rows); ws
+    is float32 workspace of at least `a_workspace(r1 - r0, k)` floats. Panels outer: each
+    panel of B is read from memory once, the packed rows of A stream past it from L2.
     Call `ensure_compiled()` first in the process (the microkernel symbol must exist)."""
+    pack_a(a, a_off, lda, r0, r1, k, ws)
+    pc = c.ctypes.data + 4 * (c_off + r0 * ldc)
     for p in range(bp.shape[0]):
-        _panel(a, a_off, lda, r0, r1, bp, p, n, k, c, c_off, ldc)
+        _panel(ws.ctypes.data, r1 - r0, bp, p, n, k, pc, ldc)
 
 
 @njit(parallel=True, **_OPTS)
-def gemm_parallel(a, a_off, lda, r0, r1, bp, n, k, c, c_off, ldc):
+def gemm_parallel(a, a_off, lda, r0, r1, bp, n, k, c, c_off, ldc, ws):
     """`gemm` with the panels shared among the threads."""
+    pack_a(a, a_off, lda, r0, r1, k, ws)
+    pc = c.ctypes.data + 4 * (c_off + r0 * ldc)
     for p in prange(bp.shape[0]):
-        _panel(a, a_off, lda, r0, r1, bp, p, n, k, c, c_off, ldc)
+        _panel(ws.ctypes.data, r1 - r0, bp, p, n, k, pc, ldc)
 
 
 def pack_rows(a: np.ndarray) -> np.ndarray:
-    """A[M, K] -> tiles (ceil(M / MR), K, MR) float32, rows past M zero: what `gemm_rows`
-    reads (A[i, k] of a tile at k * MR + i)."""
+    """A[M, K] -> tiles (ceil(M / MR), K, MR) float32, rows past M zero: what the microkernel
+    reads (A[i, k] of a tile at k * MR + i); `pack_a` does the same in compiled code."""
     a = np.asarray(a, dtype=np.float32)
     m, k = a.shape
     tiles = -(-m // MR)

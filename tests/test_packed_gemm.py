@@ -45,7 +45,8 @@ def test_gemm_matches_numpy_and_writes_only_c(m, k, n, pad_a, pad_c, r0, paralle
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = np.full(c_off + rows * ldc + 5, 9.5, np.float32)
     fn = PG.gemm_parallel if parallel else PG.gemm
-    fn(a, a_off, lda, r0, rows, PG.pack(b), n, k, c, c_off, ldc)
+    work = np.full(PG.a_workspace(m, k), np.nan, np.float32)
+    fn(a, a_off, lda, r0, rows, PG.pack(b), n, k, c, c_off, ldc, work)
     A = a[a_off:].reshape(rows, lda)[r0:, :k].astype(np.float64)
     C = c[c_off:c_off + rows * ldc].reshape(rows, ldc)
     want = A @ b.astype(np.float64)
