@@ -7,8 +7,17 @@ import os
 import sys
 
 
+def exit_on_help(argv: list[str]) -> None:
+    """On `-h` / `--help`: print the calling script's docstring (its usage) and exit."""
+    if "-h" in argv or "--help" in argv:
+        print((sys.modules["__main__"].__doc__ or "").strip())
+        sys.exit(0)
+
+
 def set_threads(argv: list[str]) -> int:
-    """Read `--threads N` (default 1) and pin every runtime to it; call before importing numpy."""
+    """Read `--threads N` (default 1) and pin every runtime to it; call before importing numpy.
+    Answers `--help` first (`exit_on_help`)."""
+    exit_on_help(argv)
     threads = 1
     if "--threads" in argv:
         i = argv.index("--threads")

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import eqsat_fuse as ef  # noqa: E402
+from _common import exit_on_help  # noqa: E402
 from eqsat_fuse.calibrate import program_steps  # noqa: E402
 from eqsat_fuse.verify import random_feeds  # noqa: E402
 
@@ -104,4 +105,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_help(sys.argv)
     sys.exit(main(sys.argv[1:]))

@@ -96,4 +96,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if "-h" in sys.argv or "--help" in sys.argv:     # runs in the torch venv: no _common
+        print(__doc__.strip())
+        sys.exit(0)
     sys.exit(main(sys.argv[1:]))

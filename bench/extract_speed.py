@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from extract_models import bert, resnet  # noqa: E402
+from _common import exit_on_help  # noqa: E402
 
 from eqsat_fuse.costmodel import load_cost_model  # noqa: E402
 from eqsat_fuse.encode import encode  # noqa: E402
@@ -56,4 +57,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_help(sys.argv)
     sys.exit(main(sys.argv[1:]))

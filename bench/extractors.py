@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from _common import exit_on_help  # noqa: E402
 
 from eqsat_fuse.costmodel import load_cost_model  # noqa: E402
 from eqsat_fuse.encode import encode  # noqa: E402
@@ -85,4 +86,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_help(sys.argv)
     sys.exit(main(sys.argv[1:]))

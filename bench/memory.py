@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import BUILTIN, load_model  # noqa: E402
+from _common import BUILTIN, exit_on_help, load_model  # noqa: E402
 
 import eqsat_fuse as ef  # noqa: E402
 
@@ -44,4 +44,5 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_help(sys.argv)
     main(sys.argv[1:])
