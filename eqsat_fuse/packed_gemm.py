@@ -240,7 +240,8 @@ def a_workspace(rows: int, k: int) -> int:
 
 @njit(**_OPTS)
 def pack_a(a, a_off, lda, r0, r1, k, out):
-    """Rows [r0, r1) of A (a[a_off + r * lda + j]) into row tiles, as `pack_rows` lays them."""
+    """Rows [r0, r1) of A (a[a_off + r * lda + j]) into row tiles of MR rows, zero-padded:
+    out[t * MR * k + j * MR + i] = A[r0 + t * MR + i, j]."""
     m = r1 - r0
     for t in range(-(-m // MR)):
         base = t * MR * k
@@ -286,13 +287,12 @@ def gemm_parallel(a, a_off, lda, r0, r1, bp, n, k, c, c_off, ldc, ws):
 
 def pack_rows(a: np.ndarray) -> np.ndarray:
     """A[M, K] -> tiles (ceil(M / MR), K, MR) float32, rows past M zero: what the microkernel
-    reads (A[i, k] of a tile at k * MR + i); `pack_a` does the same in compiled code."""
-    a = np.asarray(a, dtype=np.float32)
+    reads (A[i, k] of a tile at k * MR + i), laid out by `pack_a`."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
     m, k = a.shape
-    tiles = -(-m // MR)
-    padded = np.zeros((tiles * MR, k), np.float32)
-    padded[:m] = a
-    return np.ascontiguousarray(padded.reshape(tiles, MR, k).transpose(0, 2, 1))
+    out = np.empty(a_workspace(m, k), np.float32)
+    pack_a(a.reshape(-1), 0, k, 0, m, k, out)
+    return out.reshape(-(-m // MR), k, MR)
 
 
 def row_table(offsets) -> np.ndarray:
