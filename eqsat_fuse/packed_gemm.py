@@ -9,8 +9,8 @@ stream); B comes in one of two ways:
 - `gemm`: B packed in panels of 32 columns, `pack(B)` = (ceil(N / 32), K, 32), zero-padded.
   A model's MatMul/Gemm weights are constants, so the backend packs them once, at compile
   time; A (the activations) is packed per call into a workspace (`a_workspace` floats), which
-  costs 1-4% of the GEMM and gains 4-12% over reading A row-major (bench of 197 x 768 x 3072 /
-  197 x 3072 x 768, ViT-Base);
+  costs 1-4% of the GEMM and gains 4-12% over reading A row-major (measured at 197 x 768 x
+  3072 and 197 x 3072 x 768, the ViT-Base feed-forward; bench/gemm.py now runs level with MLAS);
 - `gemm_rows`: B[k, j] at b[b_off + table[k] + j], a table of row offsets. For Conv, A is the
   constant weights and row (c, i, j) of the im2col matrix is a shifted view of an input plane,
   so no im2col matrix is built (backend_numba `conv_packed`).
