@@ -1313,8 +1313,8 @@ class KernelGen:
         m.lines.append(f"MO = {m.int_param(M)}")
         m.lines.append(f"HW = {m.int_param(H * W)}")
         if packed:
-            return self.conv_packed(wv, X, acc, lines_epi, N, C, H, W, M, G, Cg, Mg, kh, kw,
-                                    sh, sw, attrs["pads"], dh, dw, OH, OW)
+            return self.conv_packed(wv, X, acc, lines_epi, N, H, W, M, G, Cg, Mg, kh, kw, sh,
+                                    sw, attrs["pads"], dh, dw, OH, OW)
         if depthwise:
             from .kernels_numba import depthwise_pad_size
             wname = m.array(("W", self.k.name), ("array", np.ascontiguousarray(wv.reshape(-1))))
@@ -1367,7 +1367,7 @@ class KernelGen:
                        f"{acc}[r0 * EC:r1 * EC].reshape((m1 - m0, EC)))")
         m.lines += ["            " + line for line in lines_epi]
 
-    def conv_packed(self, wv, X, acc, lines_epi, N, C, H, W, M, G, Cg, Mg, kh, kw, sh, sw,
+    def conv_packed(self, wv, X, acc, lines_epi, N, H, W, M, G, Cg, Mg, kh, kw, sh, sw,
                     pads, dh, dw, OH, OW) -> None:
         """A Conv as GEMMs of the packed weights (`packed_gemm.gemm_rows`) with B read through
         a table of row offsets: row (c, i, j) of the im2col matrix is a shifted view of one
@@ -1427,10 +1427,10 @@ class KernelGen:
         m.lines.append("    for g in range(GR):")
         m.lines.append("        xo = (n * CI + g * CG) * HW")
         if direct:
-            src, src_off = "X", "xo + c0"
+            src, src_off = X, "xo + c0"
         else:
             geo = ", ".join(m.int_param(v) for v in (H, W, pads[0], pads[1], sh, sw))
-            m.lines.append(f"        K.phase_planes(X, xo, CG, {geo}, {ph_name}, "
+            m.lines.append(f"        K.phase_planes({X}, xo, CG, {geo}, {ph_name}, "
                            f"{m.int_param(Hq)}, WQ, XP)")
             src, src_off = "XP", "c0"
         m.lines.append("        for c0 in range(0, PQ, CC):")
