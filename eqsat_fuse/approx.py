@@ -12,13 +12,15 @@ tests/test_approx.py with hypothesis; ulp = 2**-23 relative):
 | `exp_f32`     | 2e-7 (normal results)       | -                  | 0 below -87.33 (results    |
 |               |                             |                    | that would be subnormal)   |
 | `tanh_f32`    | 5e-7                        | 3e-7               | exactly +-1 beyond 7.9     |
-| `sigmoid_f32` | 6e-7                        | 1e-7               | 0 below -87.33             |
+| `sigmoid_f32` | 6e-7                        | 1e-7               | 0 below -87 (true: < 2e-38)|
 | `erf_f32`     | 5e-7 (|x| >= 1e-3)          | 5e-7               | exactly +-1 beyond 3.83    |
 | `gelu_f32`    | -                           | 3e-7 * max(1,|x|)  | erf form                   |
 | `gelu_tanh_f32` | -                         | 3e-7 * max(1,|x|)  | tanh form                  |
 
-NaN propagates through every function; +-inf give the limits. The constants are those of
-Cephes (expf) and of the float32 rational tanh and erf used by Eigen/XLA.
+NaN propagates through every function; +-inf give the limits. tanh and erf carry no NaN
+select: their input clamps (Numba's max/min) return a NaN first argument unchanged. The
+constants are those of Cephes (expf) and of the float32 rational tanh and erf used by
+Eigen/XLA.
 
 `f16_to_f32` / `f32_to_f16` convert float16 values held as uint16 (Numba has no float16 type)
 with the hardware conversion instructions (F16C), for kernels that store activations in
@@ -90,20 +92,13 @@ _EXP_LO = _F(-87.3365447)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _exp_core(xc):
-    """e**xc for xc already in [_EXP_LO, _EXP_HI] (not NaN): 2**n * p(r), n = round(xc/ln 2).
+def _exp_scaled(n, r):
+    """2**n * e**r for r in [-ln2/2, ln2/2] and n in [-126, 128] (a float holding an integer).
 
-    2**n is applied by adding n to p's exponent bits: p(r) lies in [0.7, 1.42] and n in
-    [-126, 128], and at both ends of the range the exponent stays normal (n = 128 only with
-    r < 0, so p < 1; n = -126 only with r >= 0 below, so p >= 1).
+    2**n is applied by adding n to p(r)'s exponent bits: p(r) lies in [0.7, 1.42], and at both
+    ends of n's range the exponent stays normal (n = 128 only with r < 0, so p < 1; n = -126
+    only with r >= 0, so p >= 1).
     """
-    n = np.floor(xc * _LOG2E + _F(0.5))
-    r = xc - n * _LN2_HI
-    r = r - n * _LN2_LO
-    # at n = -126 rounding can leave r a hair below 0 and the result below 2**-126: a
-    # subnormal, which costs a microcode assist per element (masked attention scores all land
-    # here). r >= 0 there keeps every intermediate normal (error < 1 ulp).
-    r = max(r, _F(0.0)) if n < _F(-125.5) else r
     p = _F(1.9875691500e-4)
     p = p * r + _F(1.3981999507e-3)
     p = p * r + _F(8.3334519073e-3)
@@ -112,6 +107,29 @@ def _exp_core(xc):
     p = p * r + _F(5.0000001201e-1)
     p = p * r * r + r + _F(1.0)
     return _bits_add_f32(p, np.int32(n) << np.int32(23))
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _exp_core(xc):
+    """e**xc for xc already in [_EXP_LO, _EXP_HI] (not NaN): 2**n * p(r), n = round(xc/ln 2)."""
+    n = np.floor(xc * _LOG2E + _F(0.5))
+    r = xc - n * _LN2_HI
+    r = r - n * _LN2_LO
+    # at n = -126 rounding can leave r a hair below 0 and the result below 2**-126: a
+    # subnormal, which costs a microcode assist per element (masked attention scores all land
+    # here). r >= 0 there keeps every intermediate normal (error < 1 ulp).
+    r = max(r, _F(0.0)) if n < _F(-125.5) else r
+    return _exp_scaled(n, r)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _exp_normal(xc):
+    """e**xc for xc in [-86.5, _EXP_HI] (not NaN): n >= -125, so no guard against subnormals
+    is needed (four vector instructions fewer than _exp_core)."""
+    n = np.floor(xc * _LOG2E + _F(0.5))
+    r = xc - n * _LN2_HI
+    r = r - n * _LN2_LO
+    return _exp_scaled(n, r)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -145,18 +163,25 @@ def tanh_f32(x):
     q = q * z + _F(2.26843463243900e-03)
     q = q * z + _F(4.89352518554385e-03)
     y = xc * p / q
-    y = x if abs(x) < _F(0.0004) else y
+    # exact +-1 beyond the clamp (with fused multiply-adds the rational is 4 ulp short there)
     y = _F(1.0) if x >= _TANH_CLAMP else y
-    y = _F(-1.0) if x <= -_TANH_CLAMP else y
-    return x if x != x else y
+    return _F(-1.0) if x <= -_TANH_CLAMP else y
+
+
+_SIG_LO = _F(-87.0)       # below, sigmoid is < 1.7e-38: 0 (float32's normals end at 1.2e-38)
+_SIG_HI = _F(86.5)        # above, e**-x < 2.6e-38 and sigmoid rounds to 1
 
 
 @njit(inline="always", cache=True, error_model="numpy")
 def sigmoid_f32(x):
-    """1 / (1 + e**-x) in float32 (0 below -87.33, where e**-x would leave float32's normals)."""
+    """1 / (1 + e**-x) in float32 (0 below -87, NaN stays NaN).
+
+    e**-x runs on -x clamped to [-86.5, 87]: every intermediate stays a normal float32 (no
+    subnormal assists) and the exponential needs no guard of its own.
+    """
     x = _F(x)
-    y = _F(1.0) / (_F(1.0) + _exp_core(min(max(-x, _EXP_LO), -_EXP_LO)))
-    y = _F(0.0) if x < _EXP_LO else y
+    y = _F(1.0) / (_F(1.0) + _exp_normal(min(max(-x, -_SIG_HI), -_SIG_LO)))
+    y = _F(0.0) if x < _SIG_LO else y
     return x if x != x else y
 
 
@@ -183,8 +208,7 @@ def erf_f32(x):
     q = q * z + _F(-1.42647390514189e-02)
     y = xc * p / q
     y = _F(1.0) if x >= _ERF_CLAMP else y
-    y = _F(-1.0) if x <= -_ERF_CLAMP else y
-    return x if x != x else y
+    return _F(-1.0) if x <= -_ERF_CLAMP else y
 
 
 _INV_SQRT2 = _F(0.7071067811865476)
