@@ -46,11 +46,20 @@ def median_seconds(fn, repeat: int = 30, min_time: float = 0.3) -> float:
     return float(np.median(times))
 
 
-def measure(fns: dict, repeat: int = 30, min_time: float = 0.3, max_time: float = 60.0
-            ) -> dict[str, float]:
+def measure(fns: dict, repeat: int = 30, min_time: float = 0.3, max_time: float = 60.0,
+            block: int = 1) -> dict[str, float]:
     """Median wall time (s) of each fn, measured round-robin: one call of each per round, so
     the load of a shared machine falls on all of them alike. At least `repeat` rounds and
-    `min_time` seconds (at most `max_time` seconds beyond the first `repeat // 3` rounds)."""
+    `min_time` seconds (at most `max_time` seconds beyond the first `repeat // 3` rounds).
+
+    With `block` > 1 each fn runs `block` times in a row per round, after a 50 ms pause, and
+    the first call of each block is not counted. With more than one thread this matters:
+    OpenMP's and onnxruntime's workers spin for a while after a parallel run, so a call right
+    after another runtime's would share the cores with its spinning threads (the pause), and
+    the first call after a pause finds its own workers asleep (not counted). Measured here: a
+    one-thread copy ran at 15-21 GB/s right after two-thread runs and 29 GB/s alone; a
+    two-thread kernel after a 20 ms pause took 16 or 32 GB/s at random.
+    """
     import time
 
     import numpy as np
@@ -61,9 +70,13 @@ def measure(fns: dict, repeat: int = 30, min_time: float = 0.3, max_time: float 
     rounds = 0
     while True:
         for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
+            if block > 1:
+                time.sleep(0.05)          # the previous runtime's spinning workers go idle
+            for i in range(block):
+                t0 = time.perf_counter()
+                fn()
+                if i or block == 1:
+                    times[k].append(time.perf_counter() - t0)
         rounds += 1
         elapsed = time.perf_counter() - start
         if rounds >= repeat and elapsed >= min_time:
@@ -71,6 +84,40 @@ def measure(fns: dict, repeat: int = 30, min_time: float = 0.3, max_time: float 
         if rounds >= max(3, repeat // 3) and elapsed > max_time or rounds > 2000:
             break
     return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def block_size(threads: int) -> int:
+    """The `block` of `measure` at this thread count (see there)."""
+    return 3 if threads > 1 else 1
+
+
+def parallel_copy(threads: int):
+    """copy(dst, src) of two flat float32 arrays by `threads` threads, each streaming its share
+    through an L1 tile with non-temporal stores (what a copy at that thread count can reach:
+    `np.copyto` is one thread). Compiled once here; the bench takes the faster of the two."""
+    import numpy as np
+    from numba import njit, prange
+
+    from eqsat_fuse import kernels_numba as K
+    tile = K.STREAM_TILE
+
+    @njit(parallel=True, error_model="numpy")
+    def copy(dst, src, tiles):
+        n = src.shape[0]
+        per = ((n + threads - 1) // threads + tile - 1) // tile * tile    # whole tiles each
+        for t in prange(threads):
+            s = min(t * per, n)
+            e = min(s + per, n)
+            work = tiles[t * tile:(t + 1) * tile]
+            for c0 in range(s, e, tile):
+                c1 = min(c0 + tile, e)
+                for c in range(c0, c1):
+                    work[c - c0] = src[c]
+                K.stream_out(dst, c0, work, c1 - c0)
+        K.sfence()
+
+    tiles = np.empty(threads * tile, np.float32)
+    return lambda dst, src: copy(dst.reshape(-1), src.reshape(-1), tiles)
 
 
 def ort_session(model, threads: int, optimize: bool):
@@ -257,7 +304,13 @@ def load_model(name: str):
     import onnx
     if name in BUILTIN:
         return BUILTIN[name][1]()
-    return onnx.load(name)
+    if not os.path.isfile(name):
+        sys.exit(f"{name}: no such ONNX file, and not a builtin model "
+                 f"({', '.join(BUILTIN)})")
+    try:
+        return onnx.load(name)
+    except Exception as exc:          # a truncated or foreign file: say which, not a traceback
+        sys.exit(f"{name}: not a readable ONNX model ({type(exc).__name__}: {exc})")
 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

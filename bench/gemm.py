@@ -20,7 +20,7 @@ THREADS = set_threads(sys.argv)
 import numpy as np  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from _common import measure, ort_session  # noqa: E402
+from _common import block_size, measure, ort_session  # noqa: E402
 from eqsat_fuse import packed_gemm as PG  # noqa: E402
 
 SHAPES = [(128, 768, 768), (128, 768, 3072), (128, 3072, 768), (64, 256, 256)]
@@ -67,7 +67,7 @@ def main() -> None:
                 "packed": lambda: gemm(af, 0, k, 0, m, packed[nxt()], n, k, cf, 0, n, work),
                 "openblas": lambda: np.matmul(a, ws[nxt()], out=c),
                 "ort": lambda: sessions[nxt()].run(None, {"a": a}),
-            }, repeat=40)
+            }, repeat=40, block=block_size(THREADS))
             flops = 2.0 * m * k * n
             g = {key: flops / v / 1e9 for key, v in t.items()}
             print(f"{f'{m} x {k} x {n}':18s} {label:7s} {g['packed']:7.0f} {g['openblas']:9.0f} "

@@ -22,7 +22,7 @@ THREADS = set_threads(sys.argv)
 import numpy as np  # noqa: E402
 
 import eqsat_fuse as ef  # noqa: E402
-from _common import (BUILTIN, family_of, geomean, load_model, measure,  # noqa: E402
+from _common import (BUILTIN, block_size, family_of, geomean, load_model, measure,  # noqa: E402
                      median_seconds, ort_session)
 from eqsat_fuse.verify import random_feeds  # noqa: E402
 
@@ -70,7 +70,7 @@ def main(names: list[str]) -> None:
             "ort_none": lambda: ort_none.run(None, feeds),
             "numba": lambda: fused.run(feeds),
             "nofuse": lambda: unfused.run(feeds),
-        })
+        }, block=block_size(THREADS))
         t["numpy"] = median_seconds(lambda: numpy_fused.run(feeds), repeat=5, min_time=0.1)
         r = t["numba"] / t["ort_all"]
         ratios.setdefault(family, []).append(r)
