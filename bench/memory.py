@@ -33,11 +33,14 @@ def main(names: list[str]) -> None:
             for storage in ("float32", "float16"):
                 c = ef.compile(model, backend=backend, storage_dtype=storage)
                 r = c.report
+                # a program with no intermediate (one fused kernel) has nothing to place
+                empty = r.lower_bound_bytes == 0 and r.peak_bytes == 0
                 ratio = r.peak_bytes / max(r.lower_bound_bytes, 1)
                 worst = max(worst, ratio)
                 print(f"{label:28s} {backend:7s} {storage:7s} {r.peak_bytes / 1024:10.1f} "
                       f"{r.lower_bound_bytes / 1024:10.1f} {r.separate_bytes / 1024:12.1f} "
-                      f"{ratio:10.3f} {r.separate_bytes / max(r.peak_bytes, 1):13.2f} "
+                      f"{'-' if empty else f'{ratio:.3f}':>10s} "
+                      f"{'-' if empty else f'{r.separate_bytes / r.peak_bytes:.2f}':>13s} "
                       f"{len(c.program.memory.inplace):8d}")
                 sys.stdout.flush()
     print(f"\nworst peak / lower bound: {worst:.3f} (target <= 1.10)")
