@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
     dst = np.empty_like(x)
     nbytes = 2 * x.nbytes
     pcopy = parallel_copy(THREADS) if THREADS > 1 else None
-    copy_what = ("the faster of np.copyto and a " + f"{THREADS}-thread streaming copy"
+    copy_what = (f"the faster of np.copyto and a {THREADS}-thread streaming copy"
                  if THREADS > 1 else "np.copyto")
     print(f"threads: {THREADS}; {n} float32 elements ({x.nbytes / 2**20:.0f} MiB in, "
           f"{x.nbytes / 2**20:.0f} MiB out); medians; copy = {copy_what}")
