@@ -82,6 +82,15 @@ STREAM_MIN_BUFFER = 1 << 24
 # division is compute-bound, and its loop ran up to 2x slower writing into the L1 tile
 _STREAM_OPS = frozenset({"Add", "Sub", "Mul", "Neg", "Relu", "LeakyRelu", "Clip", "Where",
                          "Cast", "Identity", "Dropout", "HardSigmoid", "HardSwish"})
+# an elementwise body with several of these (polynomial approximations, a dozen or more
+# constants each) runs as one loop per such op over a tile of STAGE_TILE elements of a row,
+# handing values on through L1: in one loop the constants outgrow the 32 vector registers and
+# are reloaded from memory over and over (1.2x slower for sigmoid+tanh+erf). Rows narrower
+# than STAGE_MIN_COLS, and more than STAGE_MAX_VALUES values handed on, keep one loop.
+_HEAVY_OPS = frozenset({"Exp", "Tanh", "Sigmoid", "Erf", "Gelu"})
+STAGE_TILE = 1024
+STAGE_MIN_COLS = 64
+STAGE_MAX_VALUES = 4
 # constant-weight GEMMs of at least this many multiply-adds share their panels among threads
 PARALLEL_MIN_MACS = 1 << 22
 # Conv on AVX-512: the packed-weight microkernel over row offsets of the input (conv_packed);
@@ -481,6 +490,7 @@ class KernelGen:
         self.workspace = 0          # float32 elements
         self.inplace: set[str] = set()
         self._loads: dict = {}
+        self._nloads = 0                # loads named so far (names stay unique in a kernel)
         self.root = len(kernel.body) - 1
         self.pending_broadcast = None
 
@@ -612,7 +622,8 @@ class KernelGen:
         j = space.split
         cs = _col_stride(lay, j) if col_var is not None else 0
         table = _row_table(lay, j) if j else np.array([lay.offset], dtype=np.int64)
-        name = f"x{len(self._loads)}"
+        name = f"x{self._nloads}"
+        self._nloads += 1
         base = self.row_base(table, row_var)
         if cs == 0:
             index = base
@@ -727,26 +738,30 @@ class KernelGen:
         m = self.m
         m.parallel = not serial and self.b.threads > 1 and numel >= PARALLEL_MIN_ELEMENTS
         m.lines += [f"R = {m.int_param(R)}", f"C = {m.int_param(C)}"]
+        stream = not m.parallel and self.streams(numel)
+        stages = None if stream else self.stages(nodes, C)
         hoist: list[str] = []
         values: dict[int, str] = {}
-        inner = self.emit_nodes(nodes, uses, space, values, "        ", "r", "c", hoist)
-        if not m.parallel and self.streams(numel):
+        if stages is not None:
+            self.staged_elementwise(*stages, uses, space)
+        elif stream:
             self.stream_elementwise(R, C, hoist, values, nodes, uses, space)
-        elif m.parallel and R < 4 * self.b.threads:
-            # few long rows: the threads share each row in column chunks
-            chunk = max(4096, -(-C // (4 * self.b.threads)))
-            m.lines += [f"CH = {m.int_param(chunk)}", f"NC = {m.int_param(-(-C // chunk))}"]
-            m.lines.append("for t in prange(R * NC):")
-            m.lines.append("    r = t // NC")
-            m.lines.append("    c0 = (t - r * NC) * CH")
-            m.lines.append("    c1 = min(c0 + CH, C)")
-            m.lines += ["    " + h for h in hoist]
-            m.lines.append("    for c in range(c0, c1):")
         else:
-            m.lines.append(f"for r in {'prange' if m.parallel else 'range'}(R):")
-            m.lines += ["    " + h for h in hoist]
-            m.lines.append("    for c in range(C):")
-        if not (not m.parallel and self.streams(numel)):
+            inner = self.emit_nodes(nodes, uses, space, values, "        ", "r", "c", hoist)
+            if m.parallel and R < 4 * self.b.threads:
+                # few long rows: the threads share each row in column chunks
+                chunk = max(4096, -(-C // (4 * self.b.threads)))
+                m.lines += [f"CH = {m.int_param(chunk)}", f"NC = {m.int_param(-(-C // chunk))}"]
+                m.lines.append("for t in prange(R * NC):")
+                m.lines.append("    r = t // NC")
+                m.lines.append("    c0 = (t - r * NC) * CH")
+                m.lines.append("    c1 = min(c0 + CH, C)")
+                m.lines += ["    " + h for h in hoist]
+                m.lines.append("    for c in range(c0, c1):")
+            else:
+                m.lines.append(f"for r in {'prange' if m.parallel else 'range'}(R):")
+                m.lines += ["    " + h for h in hoist]
+                m.lines.append("    for c in range(C):")
             m.lines += inner
             m.lines.append(f"        out[U(r * C + c)] = {self.store_expr(values[self.root])}")
         # in place: an input read only densely (at the index written) may be overwritten
@@ -761,6 +776,63 @@ class KernelGen:
             dense[storage] = dense.get(storage, True) and ok
         if not serial:
             self.inplace.update(name for name, ok in dense.items() if ok)
+
+    def stages(self, nodes: list[int], cols: int):
+        """`nodes` cut after each heavy op but the last (see _HEAVY_OPS), and the values that
+        later stages read from earlier ones; None when the body keeps one loop."""
+        heavy = [i for i in nodes if self.body[i].op in _HEAVY_OPS]
+        if len(heavy) < 2 or cols < STAGE_MIN_COLS:
+            return None
+        groups, current = [], []
+        for i in nodes:
+            current.append(i)
+            if i in heavy[:-1]:
+                groups.append(current)
+                current = []
+        groups.append(current)
+        stage_of = {i: s for s, group in enumerate(groups) for i in group}
+        handed = sorted({a.ref for i in nodes for a in self.body[i].args
+                         if a.kind == "node" and stage_of[a.ref] < stage_of[i]})
+        if self.root not in groups[-1] or len(handed) > STAGE_MAX_VALUES \
+                or any(self.dtypes[v] != "float32" for v in handed):
+            return None         # the tiles are float32 workspace
+        return groups, handed
+
+    def staged_elementwise(self, groups, handed, uses, space) -> None:
+        """One loop per stage over a tile of a row; `handed` values pass through the tiles.
+
+        Work items are (row, column tile) pairs; with threads each thread takes a contiguous
+        share of them and has tiles of its own in the workspace."""
+        m = self.m
+        tile = min(space.cols, STAGE_TILE)
+        threads = self.b.threads if m.parallel else 1
+        slot = {v: "" if k == 0 else f" + {k} * TC" for k, v in enumerate(handed)}
+        per = len(handed) * tile
+        ws = self.alloc(threads * per)
+        m.lines += [f"TC = {m.int_param(tile)}", f"NC = {m.int_param(-(-space.cols // tile))}",
+                    "NQ = R * NC",
+                    f"for t in {'prange' if m.parallel else 'range'}({threads}):",
+                    f"    sb = {ws} + t * {m.int_param(per)}",
+                    f"    for q in range(t * NQ // {threads}, (t + 1) * NQ // {threads}):",
+                    "        r = q // NC",
+                    "        c0 = (q - r * NC) * TC",
+                    "        c1 = min(c0 + TC, C)"]
+        hoist: list[str] = []
+        body: list[str] = []
+        values: dict[int, str] = {}
+        for s, group in enumerate(groups):
+            # loads hoisted to the row stay valid; loads inside a stage's loop are its own
+            kept = {line.split(" = ")[0] for line in hoist}
+            self._loads = {k: name for k, name in self._loads.items() if name in kept}
+            body.append(f"        for c in range(c0, c1):      # stage {s + 1} of {len(groups)}")
+            reads = sorted({a.ref for i in group for a in self.body[i].args
+                            if a.kind == "node" and a.ref in slot and a.ref not in group})
+            body += [f"            v{v} = WS[U(sb{slot[v]} + c - c0)]" for v in reads]
+            body += self.emit_nodes(group, uses, space, values, "            ", "r", "c", hoist)
+            body += [f"            WS[U(sb{slot[v]} + c - c0)] = {values[v]}"
+                     for v in group if v in slot]
+        body.append(f"            out[U(r * C + c)] = {self.store_expr(values[self.root])}")
+        m.lines += ["        " + h for h in hoist] + body
 
     # -- data movement: strided copies (Concat, Gather, Pad, views that need a copy) --
     def emit_copy(self, t: "Tensor", src_off, src_strides, dst_off, dst_strides, shape,

@@ -272,3 +272,42 @@ def test_masked_softmax_rows(kernel_cache, rng):
     _check(program)
     y = program.run({"x": rng.standard_normal((4, 40)).astype(np.float32)})["y"]
     assert np.all(y[:, 30:] == 0) and np.allclose(y.sum(1), 1, rtol=1e-5)
+
+
+def _heavy_chain(rows, cols, rng):
+    """sigmoid, tanh and erf in one body; the sigmoid's value is read again after the erf, and
+    x by every stage; b broadcasts along the rows."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]),
+             helper.make_node("Mul", ["s", "b"], ["m"]),
+             helper.make_node("Tanh", ["m"], ["t"]),
+             helper.make_node("Add", ["t", "x"], ["a"]),
+             helper.make_node("Erf", ["a"], ["e"]),
+             helper.make_node("Mul", ["e", "s"], ["y"])]
+    return make_model(nodes, [("x", [rows, cols])], [("y", [rows, cols])],
+                      {"b": rng.uniform(0.5, 2.0, cols).astype(np.float32)})
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("storage", ["float32", "float16"])
+def test_bodies_with_several_transcendentals_run_in_stages(threads, storage, tmp_path, rng):
+    # 200 x 1500: above the size that runs threaded; two column tiles per row, the second short
+    import numba
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip("this process allows fewer threads")
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)          # the backend plans for the caller's thread count
+    try:
+        program = _compile(_heavy_chain(200, 1500, rng), tmp_path, storage_dtype=storage)
+    finally:
+        numba.set_num_threads(before)
+    _check(program)
+    sources = _sources(tmp_path)
+    assert "# stage 3 of 3" in sources
+    assert ("parallel=True" in sources) == (threads > 1)
+
+
+def test_narrow_rows_keep_one_loop(tmp_path, rng):
+    program = _compile(_heavy_chain(50, 20, rng), tmp_path)
+    _check(program)
+    sources = _sources(tmp_path)
+    assert "erf_f32" in sources and "# stage" not in sources
