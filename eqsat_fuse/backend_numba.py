@@ -552,7 +552,12 @@ class KernelGen:
                 t = self.tensor(a)
                 lay = t.layout
                 if node.op == "BatchNormalization" and slot > 0:
-                    rank = len(shape)
+                    # (C,) along axis 1 of the normalized input, whose rank may be less than
+                    # the space's when a later node broadcasts it (dims align on the right)
+                    try:
+                        rank = len(self.value_shape(node.args[0]))
+                    except Unsupported:     # an anchor's result: the space has its shape
+                        rank = len(shape)
                     lay = Layout(lay.storage, lay.offset, (1, lay.size) + (1,) * (rank - 2),
                                  (0, lay.strides[0] if lay.shape else 0) + (0,) * (rank - 2))
                 uses[(i, slot)] = _broadcast_layout(lay, shape)
@@ -1777,7 +1782,9 @@ class KernelGen:
         """The shape of an operand, or of an inline elementwise value (NumPy broadcasting)."""
         if arg.kind == "node":
             node = self.body[arg.ref]
-            if OPS[node.op].kind != "elementwise" or node.op == "BatchNormalization":
+            if node.op == "BatchNormalization":       # its parameters do not broadcast
+                return self.value_shape(node.args[0])
+            if OPS[node.op].kind != "elementwise":
                 raise Unsupported("shape of an inline value")
             shapes = [self.value_shape(a) for a in node.args
                       if a.kind != "absent" and self.scalar_const(a) is None]

@@ -281,6 +281,14 @@ FIXED = [
         g (float[1] x0) => (float[2] v2) <float[2] c = {1.5, -1.5}> {
             v1 = Relu (c)
             v2 = Sum (v1, v1, x0) }""", backend="numba"),
+    # was: BatchNormalization fused into a kernel whose output has a higher rank (a Where
+    # broadcasting it) took its parameters along the output's axis 1, not the input's
+    _fixed("numba-batchnorm-broadcast-to-higher-rank", """
+        g (float[3,3] x0, bool[2,1,1] x1) => (float[2,3,3] v2)
+          <float[3] s = {1.5, 0.5, 1}, float[3] b = {0.1, -0.2, 0}, float[3] m = {0.3, -0.4, 1},
+           float[3] v = {1.2, 0.8, 0.5}> {
+            v1 = BatchNormalization (x0, s, b, m, v)
+            v2 = Where (x1, v1, v1) }""", backend="numba"),
 ]
 
 # Minimal models on which eqsat-fuse fails today: strict xfails, so each one fails the suite
