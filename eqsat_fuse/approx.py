@@ -110,11 +110,18 @@ def _exp_scaled(n, r):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _exp_core(xc):
-    """e**xc for xc already in [_EXP_LO, _EXP_HI] (not NaN): 2**n * p(r), n = round(xc/ln 2)."""
+def _exp_reduce(xc):
+    """(n, r) with xc = n ln 2 + r: n = round(xc / ln 2), r in [-ln2/2, ln2/2] (ln 2 in two
+    parts, so r keeps float32 precision)."""
     n = np.floor(xc * _LOG2E + _F(0.5))
     r = xc - n * _LN2_HI
-    r = r - n * _LN2_LO
+    return n, r - n * _LN2_LO
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _exp_core(xc):
+    """e**xc for xc already in [_EXP_LO, _EXP_HI] (not NaN): 2**n * p(r), n = round(xc/ln 2)."""
+    n, r = _exp_reduce(xc)
     # at n = -126 rounding can leave r a hair below 0 and the result below 2**-126: a
     # subnormal, which costs a microcode assist per element (masked attention scores all land
     # here). r >= 0 there keeps every intermediate normal (error < 1 ulp).
@@ -126,9 +133,7 @@ def _exp_core(xc):
 def _exp_normal(xc):
     """e**xc for xc in [-86.5, _EXP_HI] (not NaN): n >= -125, so no guard against subnormals
     is needed (four vector instructions fewer than _exp_core)."""
-    n = np.floor(xc * _LOG2E + _F(0.5))
-    r = xc - n * _LN2_HI
-    r = r - n * _LN2_LO
+    n, r = _exp_reduce(xc)
     return _exp_scaled(n, r)
 
 
