@@ -267,7 +267,7 @@ def _parse_commands(text: str, path: Path):
     try:
         return bindings.EGraph().parse_program(text, filename=str(path))
     except Exception as exc:
-        raise _rule_file_error(exc, str(path)) from None
+        raise _rule_file_error(exc, str(path), text) from None
 
 
 def _declarations(paths: Iterable[str | Path]) -> _Decls:

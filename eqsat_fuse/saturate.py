@@ -68,20 +68,50 @@ class SaturationReport:
 MAX_NESTING = 500
 
 
+def _parentheses(text: str):
+    """Each parenthesis outside strings and comments: (line, column, char), columns from 1."""
+    in_string = False
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        escaped = False
+        for column, char in enumerate(line, start=1):
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif char == "\\":
+                    escaped = True
+                elif char == '"':
+                    in_string = False
+            elif char == '"':
+                in_string = True
+            elif char == ";":
+                break
+            elif char in "()":
+                yield line_number, column, char
+
+
 def _check_nesting(text: str, filename: str) -> None:
     """Refuse text nested deeper than MAX_NESTING parentheses: egglog's recursive parser would
     overflow its stack and take the whole process down."""
     depth = 0
-    for line_number, line in enumerate(text.splitlines(), start=1):
-        code = line.split(";", 1)[0]
-        for column, char in enumerate(code, start=1):
-            if char == "(":
-                depth += 1
-                if depth > MAX_NESTING:
-                    raise RuleFileError(f"nested more than {MAX_NESTING} parentheses deep",
-                                        file=filename, line=line_number, column=column)
-            elif char == ")":
-                depth = max(0, depth - 1)
+    for line_number, column, char in _parentheses(text):
+        if char == "(":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise RuleFileError(f"nested more than {MAX_NESTING} parentheses deep",
+                                    file=filename, line=line_number, column=column)
+        else:
+            depth = max(0, depth - 1)
+
+
+def _unclosed_parenthesis(text: str) -> tuple[int, int] | None:
+    """(line, column) of the outermost '(' that is never closed, if any."""
+    opened: list[tuple[int, int]] = []
+    for line_number, column, char in _parentheses(text):
+        if char == "(":
+            opened.append((line_number, column))
+        elif opened:
+            opened.pop()
+    return opened[0] if opened else None
 
 
 def _location(text: str, offset: int) -> tuple[int, int]:
@@ -101,13 +131,27 @@ def _command_span(command):
     return None
 
 
-def _rule_file_error(exc: Exception, default_file: str) -> RuleFileError:
+def _rule_file_error(exc: Exception, default_file: str, text: str | None = None) -> RuleFileError:
+    """egglog's error as one line `file:line:column: reason (at: source)`; a file that ends
+    inside an open parenthesis is reported where that parenthesis opened."""
     message = str(exc)
     match = _SPAN.match(message)
-    if match:
-        line, column, file, rest = match.groups()
-        return RuleFileError(rest.strip(), file=file, line=int(line), column=int(column))
-    return RuleFileError(message.strip(), file=default_file)
+    if not match:
+        return RuleFileError(" ".join(message.split()), file=default_file)
+    line, column, file, rest = match.groups()
+    source, _, reason = rest.partition("\n")
+    if not reason:                      # no source excerpt before the reason
+        source, reason = "", source
+    reason = " ".join(reason.split())
+    if "unexpected end of file" in reason and text is not None:
+        opened = _unclosed_parenthesis(text)
+        if opened is not None:
+            return RuleFileError("parse error: this parenthesis is never closed (the file ends "
+                                 "first)", file=file, line=opened[0], column=opened[1])
+    source = " ".join(source.split())
+    if source and source not in reason:
+        reason += f" (at: {source})"
+    return RuleFileError(reason, file=file, line=int(line), column=int(column))
 
 
 class RuleProgram:
@@ -172,7 +216,7 @@ class RuleProgram:
         try:
             self.egraph.run_program(*setup)
         except Exception as exc:
-            raise _rule_file_error(exc, str(path)) from None
+            raise _rule_file_error(exc, str(path), text) from None
         self.files.append(str(path))
         if schedule:
             self.iteration = iteration
@@ -182,7 +226,7 @@ class RuleProgram:
         try:
             return self.egraph.parse_program(text, filename=filename)
         except Exception as exc:
-            raise _rule_file_error(exc, filename) from None
+            raise _rule_file_error(exc, filename, text) from None
 
     def _note_rule(self, command, text: str, file: str) -> None:
         kind = type(command).__name__
@@ -242,7 +286,7 @@ def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
             outputs = egraph.run_program(*program.iteration)
         except Exception as exc:   # egglog's own error type: a rule failed while running
             raise EqsatFuseError(f"egglog failed while running the rules (iteration "
-                                 f"{iterations + 1}): {exc}") from None
+                                 f"{iterations + 1}): {' '.join(str(exc).split())}") from None
         iterations += 1
         changed, can_stop = False, True
         for output in outputs:

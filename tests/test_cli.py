@@ -110,6 +110,8 @@ def test_bad_rule_file_is_named_with_line_and_column(tmp_path):
     assert code == 2
     assert f"{rules}:3:" in err and "Unbound function Nope" in err
     assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("eqsat-fuse: error: ")
+    assert len([line for line in err.splitlines() if not line.startswith("[")]) == 1
 
 
 def test_wrong_feed_names_the_input(tmp_path):

@@ -67,7 +67,11 @@ def test_a_user_rule_is_loaded_scheduled_and_reported(tmp_path):
 
 
 @pytest.mark.parametrize("text, line, column, message", [
-    ('(rewrite (Relu x) x :ruleset fuse :name "a"\n', 2, 1, "unexpected end of file"),
+    ('(rewrite (Relu x) x :ruleset fuse :name "a"\n', 1, 1, "never closed"),
+    ('(ruleset mine)\n(rewrite (Relu (Mat x))\n  (Relu x) :ruleset mine :name "a"\n\n', 2, 1,
+     "never closed"),
+    ('(rewrite (Relu x) (Abs x) :ruleset fuse :name "a;(")\n(rewrite (Neg x) x\n', 2, 1,
+     "never closed"),
     ('\n(rewrite (Frobnicate x) x :ruleset fuse :name "a")\n', 2, 10, "Unbound function Frobnicate"),
     ('(rewrite (Relu x y) x :ruleset fuse :name "a")\n', 1, 10, "Arity mismatch"),
     ('(rewrite (Relu x) y :ruleset fuse :name "a")\n', 1, 19, "Unbound symbol y"),
@@ -85,6 +89,7 @@ def test_rule_file_mistakes_name_file_line_and_column(tmp_path, text, line, colu
     with pytest.raises(ef.RuleFileError, match=message) as info:
         RuleProgram([path])
     assert str(info.value).startswith(f"{path}:{line}:{column}: ")
+    assert "\n" not in str(info.value)                     # one line, as the CLI prints it
     assert (info.value.file, info.value.line, info.value.column) == (str(path), line, column)
 
 
