@@ -50,7 +50,8 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-shape", action="append", type=_input_shape, default=[],
                         metavar="NAME=D1,D2,...", help="static shape for a dynamic input")
     parser.add_argument("--max-iterations", type=int, default=Budgets.iterations,
-                        help=f"saturation iteration budget (default {Budgets.iterations})")
+                        help=f"saturation iteration budget (default {Budgets.iterations}; "
+                             f"0 runs no rule)")
     parser.add_argument("--max-nodes", type=int, default=Budgets.nodes,
                         help=f"e-graph size budget in e-nodes (default {Budgets.nodes})")
     parser.add_argument("--max-seconds", type=float, default=Budgets.seconds,

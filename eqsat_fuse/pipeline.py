@@ -128,6 +128,10 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
 
     if strategy not in ("eqsat", "passes"):
         raise EqsatFuseError(f"unknown strategy {strategy!r}; choose eqsat or passes")
+    if isinstance(ilp_seconds, bool) or not isinstance(ilp_seconds, (int, float)) \
+            or not ilp_seconds > 0:
+        raise EqsatFuseError(f"the ILP time limit (--ilp-seconds) must be a number > 0, "
+                             f"got {ilp_seconds!r}")
     cost_model = load_cost_model(target)
     stage("import")
     graph = import_model(model, input_shapes)

@@ -37,9 +37,20 @@ _SPAN = re.compile(r"In (\d+):(\d+)-(?:\d+:)?\d+ of (.*?): (.*)", re.DOTALL)
 class Budgets:
     """Limits on one saturation run; whichever is hit first stops it."""
 
-    iterations: int = 30
+    iterations: int = 30             # 0 runs no rule: the model as written
     nodes: int = 250_000
     seconds: float = 30.0
+
+    def __post_init__(self):
+        for name, flag, value, least in (("iterations", "--max-iterations", self.iterations, 0),
+                                         ("nodes", "--max-nodes", self.nodes, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise EqsatFuseError(f"the saturation budget {name} ({flag}) must be a whole "
+                                     f"number >= {least}, got {value!r}")
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
+                or not self.seconds > 0:
+            raise EqsatFuseError(f"the saturation budget seconds (--max-seconds) must be a "
+                                 f"number > 0, got {self.seconds!r}")
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,20 @@ def test_user_mistakes_end_in_one_clear_line(args, message):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--max-nodes", "-5"], "budget nodes (--max-nodes) must be a whole number >= 1, got -5"),
+    (["--max-nodes", "0"], "budget nodes (--max-nodes) must be a whole number >= 1, got 0"),
+    (["--max-iterations", "-1"], "(--max-iterations) must be a whole number >= 0, got -1"),
+    (["--max-seconds", "0"], "(--max-seconds) must be a number > 0, got 0.0"),
+    (["--max-seconds", "-2.5"], "(--max-seconds) must be a number > 0, got -2.5"),
+    (["--ilp-seconds", "-1"], "(--ilp-seconds) must be a number > 0, got -1.0"),
+])
+def test_negative_or_zero_budgets_are_refused(capsys, args, message):
+    assert main(["optimize", RESNET, *args, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eqsat-fuse: error: ") and message in err and err.count("\n") == 1
+
+
 def test_bad_rule_file_is_named_with_line_and_column(tmp_path):
     rules = tmp_path / "bad.egg"
     rules.write_text('\n\n(rewrite (Relu x) (Nope x) :ruleset fuse :name "oops")\n')

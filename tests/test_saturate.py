@@ -46,7 +46,7 @@ def test_node_budget_stops_the_run_and_the_program_is_still_correct():
 
 
 def test_time_budget_stops_the_run():
-    compiled = ef.compile(chain_model(4), budgets=Budgets(seconds=0.0))
+    compiled = ef.compile(chain_model(4), budgets=Budgets(seconds=1e-9))
     assert compiled.report.stop_reason == "time budget"
     assert compiled.report.iterations == 0
     assert compiled.verify().ok
