@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -399,7 +400,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()            # a reader that has gone shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly with a shell's SIGPIPE status, as other
+        # command-line tools do, and keep Python from complaining when it flushes at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError):
+                pass
+        return 141
     except EqsatFuseError as exc:
         print(f"eqsat-fuse: error: {exc}", file=sys.stderr)
         return 2

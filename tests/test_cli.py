@@ -117,6 +117,17 @@ def test_negative_or_zero_budgets_are_refused(capsys, args, message):
     assert err.startswith("eqsat-fuse: error: ") and message in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", ["verify", "optimize"])
+def test_a_reader_that_goes_away_ends_the_command_quietly(command):
+    # `eqsat-fuse verify MODEL | head -1`: head is gone before anything is printed
+    proc = subprocess.Popen([sys.executable, "-m", "eqsat_fuse.cli", command, RESNET, "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141               # what a shell shows for SIGPIPE
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 def test_bad_rule_file_is_named_with_line_and_column(tmp_path):
     rules = tmp_path / "bad.egg"
     rules.write_text('\n\n(rewrite (Relu x) (Nope x) :ruleset fuse :name "oops")\n')
