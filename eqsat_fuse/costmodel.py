@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,16 +243,57 @@ def load_cost_model(target: str | Path) -> CostModel:
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
+        spot = re.search(r"\s*\(at line (\d+), column (\d+)\)", str(exc))
+        if spot:          # file:line:column first, as every other error in a file is named
+            reason = str(exc)[:spot.start()] + str(exc)[spot.end():]
+            raise CostModelError(f"{path}:{spot[1]}:{spot[2]}: not valid TOML: {reason}") from None
         raise CostModelError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise CostModelError(f"{path}: not a text file (a cost model is UTF-8 TOML)") from None
-    return _validate(data, str(path))
+    return _validate(data, str(path), _key_lines(path.read_text()))
 
 
-def _validate(data: dict[str, Any], where: str) -> CostModel:
+_HEADER = re.compile(r"\s*\[\s*([^\[\]]+?)\s*\]\s*$")
+_KEY = re.compile(r"\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Line of each table header ("memory") and key ("memory.bandwidth_gbs") in a TOML text, for
+    messages (tomllib keeps no positions); the lines inside a multi-line value are skipped."""
+    lines: dict[str, int] = {}
+    table, depth = "", 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        code = line.split("#", 1)[0]
+        if depth == 0:
+            key = _KEY.match(code)
+            header = None if key else _HEADER.match(code)
+            if header:
+                table = re.sub(r"[\"' ]", "", header.group(1))
+                lines.setdefault(table, number)
+                continue
+            if key:
+                name = re.sub(r"[\"' ]", "", key.group(1))
+                lines.setdefault(f"{table}.{name}" if table else name, number)
+                if not table and "." in name:           # a dotted key names its table too
+                    lines.setdefault(name.split(".")[0], number)
+        depth = max(0, depth + code.count("[") + code.count("{") - code.count("]")
+                    - code.count("}"))
+    return lines
+
+
+def _validate(data: dict[str, Any], path: str, lines: dict[str, int] | None = None) -> CostModel:
+    lines = lines or {}
+
+    def at(*keys: str) -> str:
+        """`file:line` of the first of `keys` (a "table.key" or a "table") found in the file."""
+        for key in keys:
+            if key in lines:
+                return f"{path}:{lines[key]}"
+        return path
+
     for table in data:
         if table not in SCHEMA:
-            raise CostModelError(f"{where}: unknown table [{table}] (known: "
+            raise CostModelError(f"{at(table)}: unknown table [{table}] (known: "
                                  f"{', '.join(SCHEMA)})")
     values: dict[str, dict[str, Any]] = {}
     for table, keys in SCHEMA.items():
@@ -259,31 +301,35 @@ def _validate(data: dict[str, Any], where: str) -> CostModel:
         if section is None:
             if table in OPTIONAL_TABLES:
                 continue
-            raise CostModelError(f"{where}: missing table [{table}]")
+            raise CostModelError(f"{path}: missing table [{table}]")
         if not isinstance(section, dict):
-            raise CostModelError(f"{where}: [{table}] must be a table")
+            raise CostModelError(f"{at(table)}: [{table}] must be a table")
         for key, value in section.items():
             if key not in keys and table != "flops_per_element":
-                raise CostModelError(f"{where}: unknown key {table}.{key}")
+                raise CostModelError(f"{at(f'{table}.{key}', table)}: unknown key {table}.{key}")
         values[table] = {}
         for key, (kind, required, _) in keys.items():
             if key not in section:
                 if required:
-                    raise CostModelError(f"{where}: missing key {table}.{key}")
+                    raise CostModelError(f"{at(table)}: missing key {table}.{key} (in [{table}])")
                 continue
-            values[table][key] = _check_value(section[key], kind, f"{table}.{key}", where)
+            values[table][key] = _check_value(section[key], kind, f"{table}.{key}",
+                                              at(f"{table}.{key}", table))
         if table == "flops_per_element":
             for key, value in section.items():
+                where = at(f"{table}.{key}", table)
                 if key != "default" and key not in OPS:
                     raise CostModelError(f"{where}: flops_per_element.{key} names no operator")
                 values[table][key] = _check_value(value, float, f"{table}.{key}", where)
     fusion, memory, energy = values["fusion"], values["memory"], values.get("energy")
-    _check_ops(fusion["prologue"], ("reduction",), "fusion.prologue", "a reduction", where)
+    _check_ops(fusion["prologue"], ("reduction",), "fusion.prologue", "a reduction",
+               at("fusion.prologue"))
     if "epilogue" in fusion:
-        _check_ops(fusion["epilogue"], ("elementwise",), "fusion.epilogue", "elementwise", where)
+        _check_ops(fusion["epilogue"], ("elementwise",), "fusion.epilogue", "elementwise",
+                   at("fusion.epilogue"))
     if "epilogue_anchors" in fusion:
         _check_ops(fusion["epilogue_anchors"], ("anchor", "reduction"), "fusion.epilogue_anchors",
-                   "a contraction or reduction", where)
+                   "a contraction or reduction", at("fusion.epilogue_anchors"))
     compute = values["compute"]
     rates = {k.removesuffix("_gflops"): v for k, v in compute.items() if k.endswith("_gflops")}
     op_us_by_class = {k.removesuffix("_op_us"): v for k, v in compute.items()
@@ -294,25 +340,26 @@ def _validate(data: dict[str, Any], where: str) -> CostModel:
         positive.append(("memory.onchip_bandwidth_gbs", memory["onchip_bandwidth_gbs"]))
     for key, rate in positive:
         if rate == 0:
-            raise CostModelError(f"{where}: {key} must be greater than zero")
+            raise CostModelError(f"{at(key)}: {key} must be greater than zero")
     if ("onchip_bytes" in memory) != ("onchip_bandwidth_gbs" in memory):
         given, needed = (("onchip_bytes", "onchip_bandwidth_gbs") if "onchip_bytes" in memory
                          else ("onchip_bandwidth_gbs", "onchip_bytes"))
-        raise CostModelError(f"{where}: memory.{given} needs memory.{needed}: missing key "
-                             f"memory.{needed}")
+        raise CostModelError(f"{at(f'memory.{given}')}: memory.{given} needs memory.{needed}: "
+                             f"missing key memory.{needed}")
     if memory.get("onchip_bandwidth_gbs", math.inf) < memory["bandwidth_gbs"]:
-        raise CostModelError(f"{where}: memory.onchip_bandwidth_gbs must be at least "
-                             f"memory.bandwidth_gbs (on chip is not slower than main memory)")
+        raise CostModelError(f"{at('memory.onchip_bandwidth_gbs')}: memory.onchip_bandwidth_gbs "
+                             f"must be at least memory.bandwidth_gbs (on chip is not slower than "
+                             f"main memory)")
     if memory.get("storage_dtype", "float32") not in STORAGE_DTYPES:
-        raise CostModelError(f"{where}: memory.storage_dtype must be one of "
-                             f"{', '.join(STORAGE_DTYPES)}, not {memory['storage_dtype']!r}")
+        raise CostModelError(f"{at('memory.storage_dtype')}: memory.storage_dtype must be one "
+                             f"of {', '.join(STORAGE_DTYPES)}, not {memory['storage_dtype']!r}")
     if energy is not None and "onchip_bytes" in memory:
         if "onchip_pj_per_byte" not in energy:
-            raise CostModelError(f"{where}: missing key energy.onchip_pj_per_byte (the target "
-                                 f"has memory.onchip_bytes)")
+            raise CostModelError(f"{at('energy')}: missing key energy.onchip_pj_per_byte (the "
+                                 f"target has memory.onchip_bytes)")
         if energy["onchip_pj_per_byte"] > energy["dram_pj_per_byte"]:
-            raise CostModelError(f"{where}: energy.onchip_pj_per_byte must not exceed "
-                                 f"energy.dram_pj_per_byte")
+            raise CostModelError(f"{at('energy.onchip_pj_per_byte')}: energy.onchip_pj_per_byte "
+                                 f"must not exceed energy.dram_pj_per_byte")
 
     def optional_set(key: str) -> frozenset[str] | None:
         return frozenset(fusion[key]) if key in fusion else None
@@ -322,7 +369,7 @@ def _validate(data: dict[str, Any], where: str) -> CostModel:
         launch_us=values["kernel"]["launch_us"], bandwidth_gbs=memory["bandwidth_gbs"],
         rates_gflops=rates, flops_per_element=dict(values["flops_per_element"]),
         elementwise_fusion=fusion["elementwise"], max_anchors=fusion["max_anchors"],
-        prologue=frozenset(fusion["prologue"]), path=where,
+        prologue=frozenset(fusion["prologue"]), path=path,
         op_us=values["kernel"].get("op_us", 0.0),
         onchip_bytes=memory.get("onchip_bytes"),
         onchip_bandwidth_gbs=memory.get("onchip_bandwidth_gbs"),

@@ -73,11 +73,26 @@ def edited(tmp_path, target, key, new):
     ("cpu", "kernel.launch_us", "launch_us = [1, 2]", "must be a number"),
     ("cpu", "compute.matmul_gflops", "matmul_gflops = -0.0", "greater than zero"),
 ])
-def test_bad_cost_file_names_file_and_key(tmp_path, target, key, new, message):
+def test_bad_cost_file_names_file_line_and_key(tmp_path, target, key, new, message):
     path = edited(tmp_path, target, key, new)
     with pytest.raises(ef.CostModelError, match=message) as info:
         load_cost_model(path)
-    assert str(path) in str(info.value)
+    where = re.match(rf"{re.escape(str(path))}:(\d+)(:\d+)?: ", str(info.value))
+    assert where, str(info.value)
+    line = path.read_text().splitlines()[int(where[1]) - 1]
+    named = re.search(r"(\w+)\.(\w+)", message)      # the line holds the key, or its [table]
+    if named:
+        assert named[2] in line or f"[{named[1]}]" in line, (str(info.value), line)
+    else:
+        assert new.splitlines()[0] == line
+
+
+def test_a_bad_value_is_named_at_its_line(tmp_path):
+    path = edited(tmp_path, "cpu", "kernel.launch_us", "launch_us = -4.0")
+    number = path.read_text().splitlines().index("launch_us = -4.0") + 1
+    with pytest.raises(ef.CostModelError) as info:
+        load_cost_model(path)
+    assert str(info.value).startswith(f"{path}:{number}: kernel.launch_us must be a finite")
 
 
 def test_unknown_table_is_named(tmp_path):
