@@ -24,7 +24,8 @@ from .saturate import Budgets
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     name, sep, dims = text.rpartition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=D1,D2,..., got {text!r}")
+        hint = " (give MODEL before --input-shape)" if text.endswith(".onnx") else ""
+        raise argparse.ArgumentTypeError(f"expected NAME=D1,D2,..., got {text!r}{hint}")
     try:
         shape = tuple(int(d) for d in dims.split(",") if d.strip())
     except ValueError:
@@ -48,8 +49,11 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="numpy", choices=["numpy", "numba"],
                         help="numpy (default) or numba (each fused kernel JIT-compiled, cached "
                              "on disk)")
-    parser.add_argument("--input-shape", action="append", type=_input_shape, default=[],
-                        metavar="NAME=D1,D2,...", help="static shape for a dynamic input")
+    parser.add_argument("--input-shape", action="extend", nargs="+", type=_input_shape,
+                        default=[], metavar="NAME=D1,D2,...",
+                        help="shapes to compile for, one or more per flag: a dynamic input's, or "
+                             "a new size for a static one (the model is re-sized, like onnxsim's "
+                             "--overwrite-input-shape)")
     parser.add_argument("--max-iterations", type=int, default=Budgets.iterations,
                         help=f"saturation iteration budget (default {Budgets.iterations}; "
                              f"0 runs no rule)")

@@ -159,8 +159,42 @@ def _to_canonical(proto: onnx.ModelProto, version: int, name: str) -> onnx.Model
     return converted
 
 
+def _declared_dims(vi: onnx.ValueInfoProto) -> list[int | str]:
+    """An input's declared dims: a number, or the dim's name ('?' when it has none)."""
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in vi.type.tensor_type.shape.dim]
+
+
+def _given_dims(value: Any, input_name: str, name: str) -> list[int]:
+    """`input_shapes[input_name]` as a list of whole numbers >= 0, or one line saying why not."""
+    shown = f"input_shapes[{input_name!r}] = {value!r}"
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ModelError(f"{name}: {shown} is not a sequence of dims, e.g. (1, 3, 224, 224)")
+    dims = list(value)
+    for position, dim in enumerate(dims):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise ModelError(f"{name}: {shown}: dim {position} is {dim!r}, not a whole number; "
+                             f"eqsat-fuse compiles for static shapes, so give the size to compile "
+                             f"for")
+    dims = [int(d) for d in dims]
+    if any(d < 0 for d in dims):
+        raise ModelError(f"{name}: input_shapes[{input_name!r}] = {dims} has a negative dim")
+    return dims
+
+
+def _shape_hint(dims: list[int | str]) -> list[int]:
+    """A static shape of the same rank to suggest for a dynamic input: its static dims as they
+    are, 1 for a dynamic first (batch) dim, 128 for any other dynamic dim."""
+    return [d if isinstance(d, int) else (1 if axis == 0 else 128) for axis, d in enumerate(dims)]
+
+
 def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None,
-                      name: str) -> None:
+                      name: str) -> list[tuple[str, list, list[int]]]:
+    """Give the inputs their shapes (declared, or from `input_shapes`); refuse dynamic dims left
+    open, naming every such input. An input given a size other than a static one it declares is
+    re-sized, as onnxsim's --overwrite-input-shape does: the shapes inferred from the old size
+    (value_info, output dims) are dropped, to be inferred again. Returns the re-sized inputs as
+    (name, declared dims, new dims)."""
     initializers = {t.name for t in proto.graph.initializer}
     given = dict(input_shapes or {})
     real_inputs = [vi for vi in proto.graph.input if vi.name not in initializers]
@@ -168,14 +202,21 @@ def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int,
     if unknown:
         raise ModelError(f"{name}: input_shapes names {sorted(unknown)}, which are not inputs of "
                          f"the model (its inputs: {[vi.name for vi in real_inputs]})")
+    resized, dynamic = [], []
     for vi in real_inputs:
         ttype = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
             raise ModelError(f"{name}: input {vi.name!r} is not a tensor")
         if vi.name in given:
-            dims = [int(d) for d in given[vi.name]]
-            if any(d < 0 for d in dims):
-                raise ModelError(f"{name}: input_shapes[{vi.name!r}] = {dims} has a negative dim")
+            dims = _given_dims(given[vi.name], vi.name, name)
+            if ttype.HasField("shape"):
+                declared = _declared_dims(vi)
+                if len(declared) != len(dims):
+                    raise ModelError(f"{name}: input {vi.name!r} has rank {len(declared)} "
+                                     f"({declared}); input_shapes gives it {dims}, of rank "
+                                     f"{len(dims)}")
+                if any(isinstance(d, int) and d != new for d, new in zip(declared, dims)):
+                    resized.append((vi.name, declared, dims))
             ttype.shape.ClearField("dim")
             for d in dims:
                 ttype.shape.dim.add().dim_value = d
@@ -183,13 +224,45 @@ def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int,
         if not ttype.HasField("shape"):
             raise ModelError(f"{name}: input {vi.name!r} has no declared shape; give it with "
                              f"input_shapes={{{vi.name!r}: (...)}} (--input-shape on the CLI)")
-        symbolic = [d.dim_param or "?" for d in ttype.shape.dim if not d.HasField("dim_value")]
-        if symbolic:
-            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                    for d in ttype.shape.dim]
-            raise ModelError(f"{name}: input {vi.name!r} has dynamic shape {dims}; eqsat-fuse "
-                             f"compiles for static shapes: give them with input_shapes="
-                             f"{{{vi.name!r}: (...)}} (--input-shape {vi.name}=1,3,224,224 on the CLI)")
+        if any(not d.HasField("dim_value") for d in ttype.shape.dim):
+            dynamic.append((vi.name, _declared_dims(vi)))
+    if dynamic:
+        which = " and ".join(f"{n!r} {dims}" for n, dims in dynamic)
+        hints = {n: _shape_hint(dims) for n, dims in dynamic}
+        flags = " ".join(f"{n}={','.join(map(str, dims))}" for n, dims in hints.items())
+        python = ", ".join(f"{n!r}: {tuple(dims)}" for n, dims in hints.items())
+        raise ModelError(f"{name}: input{'s' if len(dynamic) > 1 else ''} {which} "
+                         f"{'have' if len(dynamic) > 1 else 'has'} dynamic shape; eqsat-fuse "
+                         f"compiles for static shapes: give them with --input-shape {flags} "
+                         f"(input_shapes={{{python}}} in Python)")
+    if resized:
+        del proto.graph.value_info[:]
+        for vo in proto.graph.output:
+            if vo.type.HasField("tensor_type") and vo.type.tensor_type.HasField("shape"):
+                for d in vo.type.tensor_type.shape.dim:
+                    d.Clear()                   # the rank stays; the sizes are inferred again
+    return resized
+
+
+def with_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None
+                      ) -> onnx.ModelProto:
+    """A copy of `model` whose inputs have the given shapes (re-sized as `import_model` does),
+    for an oracle or an export that must accept inputs of those shapes."""
+    if not input_shapes:
+        return model
+    proto = _copy(model)
+    _set_input_shapes(proto, input_shapes, model.graph.name or "<model>")
+    return proto
+
+
+def _resize_error(resized: list, exc: ModelError, name: str) -> ModelError:
+    """One line on why the model cannot run at the new input sizes, with onnx's reason."""
+    what = ", ".join(f"input {n!r} from {old} to {new}" for n, old, new in resized)
+    reason = str(exc).removeprefix(f"{name}: ").removeprefix("ONNX shape inference failed: ")
+    reason = reason.replace("[ShapeInferenceError] Inference error(s): ", "")
+    return ModelError(f"{name}: cannot re-size {what}: {reason}; the model fixes the old size "
+                      f"in its weights or constants (export it again with that dim dynamic, or "
+                      f"at the size you need)")
 
 
 def _infer(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
@@ -660,7 +733,14 @@ def _norm_static_shape(op: str) -> Callable:
         # The output shape comes from shape inference, but only a compile-time shape input makes
         # it the shape at every run: a shape fed at run time keeps the node Opaque.
         ctx.constant(node, 1, "shape")
-        return op, [node.input[0]], dict(shape=list(ctx.info(node.output[0]).shape))
+        shape = list(ctx.info(node.output[0]).shape)
+        before = list(ctx.info(node.input[0]).shape)
+        if op == "Reshape" and math.prod(before) != math.prod(shape):
+            # onnx's shape inference lets a constant target shape through unchecked
+            raise ModelError(f"{ctx.model}: node {node.name or node.op_type!r} (Reshape) cannot "
+                             f"reshape {before} ({math.prod(before)} elements) to {shape} "
+                             f"({math.prod(shape)} elements)")
+        return op, [node.input[0]], dict(shape=shape)
     return normalize
 
 
@@ -895,7 +975,7 @@ def _import_model(model: str | Path | onnx.ModelProto,
     proto = _copy(proto)
     source_opset = _default_opset(proto, name)
     _check_topology(proto, name)
-    _set_input_shapes(proto, input_shapes, name)    # before the checker, which wants shapes
+    resized = _set_input_shapes(proto, input_shapes, name)    # before the checker wants shapes
     for vo in proto.graph.output:
         if vo.type.HasField("tensor_type") and not vo.type.tensor_type.HasField("shape"):
             raise ModelError(f"{name}: graph output {vo.name!r} declares no shape, not even "
@@ -910,6 +990,17 @@ def _import_model(model: str | Path | onnx.ModelProto,
     # down (Opaque nodes must then run under it, e.g. Cast's round_mode exists from opset 24).
     opset = max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     onnx_nodes = len(proto.graph.node)
+    try:
+        return _static_graph(proto, name, opset, source_opset, onnx_nodes)
+    except ModelError as exc:
+        if not resized:
+            raise
+        raise _resize_error(resized, exc, name) from None
+
+
+def _static_graph(proto: onnx.ModelProto, name: str, opset: int, source_opset: int,
+                  onnx_nodes: int) -> Graph:
+    """Steps 4 to 6 on a model whose input shapes are set: fold, normalize, drop dead nodes."""
     proto = _fold_shape_computations(proto, name)
     graph = proto.graph
 

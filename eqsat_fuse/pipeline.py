@@ -19,7 +19,7 @@ from .encode import encode
 from .errors import EqsatFuseError
 from .explain import shaping_rules
 from .extract import ExtractionContext, extract, roots_of
-from .importer import import_model
+from .importer import import_model, with_input_shapes
 from .ir import KernelPlan
 from .limits import HardLimits, saturate_in_child
 from .lower import Program, lower
@@ -188,7 +188,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     # for --explain: each fusion is re-extracted, so one ILP run gets at most 10 s there
     context = ExtractionContext(serialized, extraction, cost_model,
                                 {"seconds": min(ilp_seconds, 10.0)})
-    return Compiled(program, report, _source_proto(model),
+    source = with_input_shapes(_source_proto(model), input_shapes)  # the oracle takes them too
+    return Compiled(program, report, source,
                     source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
                     extraction=context)
 

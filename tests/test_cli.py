@@ -128,6 +128,24 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(command):
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
+def test_several_input_shapes_follow_one_flag(capsys):
+    bert = str(MODELS_DIR / "bert_tiny_op17.onnx")
+    assert main(["optimize", bert, "--input-shape", "input_ids=1,16", "attention_mask=1,16",
+                 "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernels_out"] > 0
+    with pytest.raises(SystemExit) as info:          # the model after the shapes is read as one
+        main(["optimize", "--input-shape", "input_ids=1,16", bert])
+    assert info.value.code == 2
+    assert "give MODEL before --input-shape" in capsys.readouterr().err
+
+
+def test_a_resized_input_verifies_against_the_resized_original():
+    code, out, err = run_cli("verify", RESNET, "--input-shape", "pixel_values=4,3,64,64",
+                             "--quiet")
+    assert code == 0, err
+    assert "verify against onnxruntime: OK" in out
+
+
 def test_bad_rule_file_is_named_with_line_and_column(tmp_path):
     rules = tmp_path / "bad.egg"
     rules.write_text('\n\n(rewrite (Relu x) (Nope x) :ruleset fuse :name "oops")\n')

@@ -79,11 +79,65 @@ def test_uncovered_op_becomes_an_opaque_kernel_run_by_onnx_reference():
 def test_dynamic_input_needs_a_shape_and_compiles_with_one():
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
     model = make_model(nodes, [("x", ["batch", 8])], [("y", ["batch", 8])])
-    with pytest.raises(ef.ModelError, match=r"input 'x' has dynamic shape \['batch', 8\].*input_shapes"):
+    with pytest.raises(ef.ModelError, match=r"input 'x' \['batch', 8\] has dynamic shape.*"
+                                            r"--input-shape x=1,8 \(input_shapes="):
         ef.compile(model)
     compiled = ef.compile(model, input_shapes={"x": (3, 8)})
     x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], np.maximum(x, 0))
+
+
+def test_a_dim_that_is_not_a_number_is_named():
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ["N", 3, 32, 32])],
+                       [("y", ["N", 3, 32, 32])])
+    with pytest.raises(ef.ModelError, match=r"input_shapes\['x'\] = \('N', 3, 32, 32\): dim 0 "
+                                            r"is 'N', not a whole number"):
+        ef.compile(model, input_shapes={"x": ("N", 3, 32, 32)})
+    with pytest.raises(ef.ModelError, match=r"input_shapes\['x'\] = 5 is not a sequence"):
+        ef.compile(model, input_shapes={"x": 5})
+    with pytest.raises(ef.ModelError, match=r"input 'x' has rank 4 .* of rank 3"):
+        ef.compile(model, input_shapes={"x": (1, 3, 32)})
+    assert ef.compile(model, input_shapes={"x": np.array([2, 3, 4, 4])}).verify().ok
+
+
+def _two_dynamic_inputs():
+    nodes = [helper.make_node("Add", ["input_ids", "attention_mask"], ["y"])]
+    return make_model(nodes, [("input_ids", ["batch", "seq"]), ("attention_mask", ["batch", "seq"])],
+                      [("y", ["batch", "seq"])])
+
+
+def test_the_dynamic_dim_error_names_every_dynamic_input_with_a_hint_of_its_rank():
+    with pytest.raises(ef.ModelError) as info:
+        ef.compile(_two_dynamic_inputs())
+    message = str(info.value)
+    assert "inputs 'input_ids' ['batch', 'seq'] and 'attention_mask' ['batch', 'seq']" in message
+    assert "--input-shape input_ids=1,128 attention_mask=1,128" in message
+    assert "'input_ids': (1, 128), 'attention_mask': (1, 128)" in message
+    with pytest.raises(ef.ModelError, match="input 'attention_mask' .* attention_mask=1,128 "):
+        ef.compile(_two_dynamic_inputs(), input_shapes={"input_ids": (2, 5)})
+
+
+def test_a_static_dim_is_resized_and_the_oracle_takes_the_new_size():
+    compiled = ef.compile(MODELS_DIR / "resnet_tiny_op17.onnx",
+                          input_shapes={"pixel_values": (4, 3, 32, 32)})
+    assert compiled.inputs["pixel_values"].shape == (4, 3, 32, 32)
+    assert compiled.report.kernels[-1].shape == [4, 10]
+    assert compiled.verify().ok
+
+
+def test_a_size_the_model_fixes_is_refused_in_one_line():
+    shapes = {"input_ids": (1, 64), "attention_mask": (1, 64)}
+    with pytest.raises(ef.ModelError) as info:
+        ef.compile(MODELS_DIR / "bert_tiny_op17.onnx", input_shapes=shapes)
+    message = str(info.value)
+    assert "cannot re-size input 'input_ids' from [1, 16] to [1, 64]" in message
+    assert "fixes the old size" in message and "\n" not in message
+    model = make_model([helper.make_node("Reshape", ["x", "s"], ["y"])], [("x", [2, 6])],
+                       [("y", [3, 4])], {"s": np.array([3, 4], np.int64)})
+    with pytest.raises(ef.ModelError, match=r"cannot re-size input 'x' from \[2, 6\] to \[4, 6\]: "
+                       r"node 'Reshape' \(Reshape\) cannot reshape \[4, 6\] \(24 elements\) to "
+                       r"\[3, 4\] \(12 elements\)"):
+        ef.compile(model, input_shapes={"x": (4, 6)})
 
 
 def test_input_shapes_naming_an_unknown_input_is_refused():
