@@ -126,7 +126,8 @@ def _header(report) -> str:
     facts = [
         ("target", f"{report.target} (backend {report.backend}, extractor {report.extractor}, "
                    f"minimizing {report.objective})"),
-        ("nodes", f"{report.nodes_in} ONNX nodes → {report.kernels_out} kernels "
+        ("nodes", f"{report.nodes_in} ONNX nodes{report.conversion_note()} → "
+                  f"{report.kernels_out} kernels "
                   f"(+ {report.views} views that move no data)"),
         ("predicted cost", f"{report.cost:,.2f} µs{energy}"),
         ("memory", f"arena {_bytes(report.peak_bytes)} (lower bound "

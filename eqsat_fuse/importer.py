@@ -985,17 +985,19 @@ def _import_model(model: str | Path | onnx.ModelProto,
     except Exception as exc:
         raise ModelError(f"{name}: the ONNX checker rejects the model: "
                          f"{str(exc).strip().splitlines()[0]}") from None
+    file_nodes = len(proto.graph.node)
     proto = _to_canonical(proto, source_opset, name)
     # The opset the nodes now follow: CANONICAL_OPSET, or a newer one that could not be taken
     # down (Opaque nodes must then run under it, e.g. Cast's round_mode exists from opset 24).
     opset = max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-    onnx_nodes = len(proto.graph.node)
     try:
-        return _static_graph(proto, name, opset, source_opset, onnx_nodes)
+        graph = _static_graph(proto, name, opset, source_opset, file_nodes)
     except ModelError as exc:
         if not resized:
             raise
         raise _resize_error(resized, exc, name) from None
+    graph.nodes_added_by_conversion = len(proto.graph.node) - file_nodes
+    return graph
 
 
 def _static_graph(proto: onnx.ModelProto, name: str, opset: int, source_opset: int,

@@ -60,7 +60,8 @@ class Graph:
     opset: int                      # the canonical opset the nodes follow
     source_opset: int               # the opset the file declared
     opaque_ops: list[str] = field(default_factory=list)   # ONNX op types kept as opaque kernels
-    onnx_nodes: int = 0             # nodes in the file (before dead-code removal)
+    onnx_nodes: int = 0             # nodes in the file (before opset conversion, dead-code removal)
+    nodes_added_by_conversion: int = 0   # nodes the opset upgrade added (or removed, if < 0)
 
 
 # ---- kernels -----------------------------------------------------------------------------------

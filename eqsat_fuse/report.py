@@ -32,7 +32,7 @@ class Report:
     target: str
     backend: str
     extractor: str
-    nodes_in: int                 # ONNX nodes in the file
+    nodes_in: int                 # ONNX nodes in the file, as written (before opset conversion)
     nodes_imported: int           # nodes left after import-time shape folding and dead-code removal
     kernels_out: int              # kernels that run (compute and opaque; views are not kernels)
     views: int                    # alias kernels: Reshape/Transpose/... that move no data
@@ -53,6 +53,16 @@ class Report:
     objective: str = "latency"            # what extraction minimized: latency or energy
     energy_uj: float | None = None        # predicted microjoules (None: no [energy] in the target)
     extraction: dict[str, Any] = field(default_factory=dict)   # extractor details (ILP gap...)
+    nodes_added_by_conversion: int = 0    # nodes the upgrade from source_opset added
+
+    def conversion_note(self) -> str:
+        """What the opset upgrade did to the node count, to follow `nodes_in`: " (+242 added by
+        upgrading opset 9)", or "" when it changed nothing."""
+        added = self.nodes_added_by_conversion
+        if not added:
+            return ""
+        verb = "added" if added > 0 else "removed"
+        return f" ({added:+d} {verb} by upgrading opset {self.source_opset})"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +76,8 @@ class Report:
         lines = [
             f"model         {self.model}",
             f"target        {self.target} (backend {self.backend}, extractor {self.extractor})",
-            f"nodes         {self.nodes_in} in the file -> {self.kernels_out} kernels "
+            f"nodes         {self.nodes_in} in the file{self.conversion_note()} -> "
+            f"{self.kernels_out} kernels "
             f"(+ {self.views} views that move no data)",
             f"saturation    {self.stop_reason} after {self.iterations} iterations, "
             f"{self.egraph_nodes} e-nodes",

@@ -140,6 +140,19 @@ def test_a_size_the_model_fixes_is_refused_in_one_line():
         ef.compile(model, input_shapes={"x": (4, 6)})
 
 
+def test_the_report_counts_the_file_s_nodes_and_says_what_the_opset_upgrade_added():
+    path = MODELS_DIR / "bert_tiny_op9.onnx"
+    in_file = len(onnx.load(path).graph.node)
+    report = ef.compile(path).report
+    assert report.nodes_in == in_file
+    converted = onnx.version_converter.convert_version(onnx.load(path), CANONICAL_OPSET)
+    added = len(converted.graph.node) - in_file
+    assert added > 0 and report.nodes_added_by_conversion == added
+    assert f"{in_file} in the file (+{added} added by upgrading opset 9) -> " in report.summary()
+    resnet = ef.compile(MODELS_DIR / "resnet_tiny_op9.onnx").report     # nothing added: no note
+    assert f"{resnet.nodes_in} in the file -> " in resnet.summary()
+
+
 def test_input_shapes_naming_an_unknown_input_is_refused():
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2])], [("y", [2])])
     with pytest.raises(ef.ModelError, match="'nope'.*not inputs"):
