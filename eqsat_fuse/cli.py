@@ -139,8 +139,8 @@ def cmd_optimize(args) -> int:
         print(json.dumps(report.as_dict(), indent=2))
     else:
         print(report.summary())
-        if args.explain:
-            print(_explain(report))
+        if args.explain or args.explain_facts:
+            print(_explain(report, facts=args.explain_facts))
             print(_explain_fusions(compiled))
     if args.output:
         from .export import save_model
@@ -156,13 +156,25 @@ def cmd_optimize(args) -> int:
     return 0
 
 
-def _explain(report) -> str:
-    lines = ["\nrules that matched (e-graph):"]
-    for rule, count in sorted(report.matches_per_rule.items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {count:6d}  {rule}")
-    lines.append("\nrules that shaped the extracted program (places in their output form):")
-    for rule, count in sorted(report.rules_in_program.items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {count:6d}  {rule}")
+def _explain(report, facts: bool = False) -> str:
+    """The rewrites that shaped the program first, then the rewrites that matched; the analysis
+    facts that matched (shapes, dtypes, ...: most of the matches) only with `facts`."""
+    analysis = report.analysis_facts()
+
+    def counted(counts: dict[str, int]) -> list[str]:
+        return [f"  {count:6d}  {rule}" for rule, count in
+                sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))] or ["  (none)"]
+
+    rewrites = {r: c for r, c in report.matches_per_rule.items() if r not in analysis}
+    lines = ["\nrules that shaped the extracted program (places in their output form):",
+             *counted({r: c for r, c in report.rules_in_program.items() if r not in analysis})]
+    hidden = sum(1 for r in report.matches_per_rule if r in analysis)
+    note = "" if facts or not hidden else (f"; {hidden} analysis rules not shown: "
+                                            f"--explain-facts lists them")
+    lines += [f"\nrewrites that matched (e-graph{note}):", *counted(rewrites)]
+    if facts:
+        lines += ["\nanalysis facts that matched (shapes, dtypes, fusability):",
+                  *counted({r: c for r, c in report.matches_per_rule.items() if r in analysis})]
     lines.append("\nkernels (predicted cost):")
     for k in report.kernels:
         lines.append(f"  {k.name:>5}  {k.predicted_us:9.2f} us  {k.kind:7}  {'+'.join(k.ops):40} "
@@ -289,7 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compile_options(optimize)
     optimize.add_argument("--json", action="store_true", help="print the report as JSON")
     optimize.add_argument("--explain", action="store_true",
-                          help="also list the rules that matched and every kernel's cost")
+                          help="also list the rewrites that shaped the program, those that "
+                               "matched, every kernel's cost and what each fusion is worth")
+    optimize.add_argument("--explain-facts", action="store_true",
+                          help="--explain, and the analysis facts that matched as well "
+                               "(shape-*, dtype-*, ...)")
     optimize.add_argument("--report", metavar="OUT.html",
                           help="also write a self-contained HTML report: both graphs as "
                                "pictures, the kernels' costs, the memory plan, the saturation")

@@ -54,6 +54,12 @@ class Report:
     energy_uj: float | None = None        # predicted microjoules (None: no [energy] in the target)
     extraction: dict[str, Any] = field(default_factory=dict)   # extractor details (ILP gap...)
     nodes_added_by_conversion: int = 0    # nodes the upgrade from source_opset added
+    rulesets: dict[str, str] = field(default_factory=dict)   # rule name -> its ruleset
+
+    def analysis_facts(self) -> set[str]:
+        """Rules of the `analysis` ruleset: they derive facts (shapes, dtypes, fusability), and
+        rewrite no program."""
+        return {rule for rule, ruleset in self.rulesets.items() if ruleset == "analysis"}
 
     def conversion_note(self) -> str:
         """What the opset upgrade did to the node count, to follow `nodes_in`: " (+242 added by

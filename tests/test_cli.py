@@ -53,8 +53,22 @@ def test_optimize_explain_lists_rules_and_kernel_costs(capsys):
     assert main(["optimize", RESNET, "--explain", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "conv2d-nobias-bn-fold" in out and "Conv+Relu" in out and " us " in out
-    shaped = out.split("rules that shaped the extracted program")[1].split("kernels (")[0]
+    explained = out.split("rules that shaped the extracted program")[1]   # shown first
+    shaped, matched = explained.split("rewrites that matched")
     assert "conv2d-nobias-bn-fold" in shaped and "fuse-relu" in shaped
+    matched = matched.split("kernels (")[0]
+    assert "mul-commute" in matched and "analysis rules not shown: --explain-facts" in matched
+    for fact in ("dtype-add", "shape-mat", "elementwise-mul", "boundary-mat"):
+        assert fact not in out                       # analysis facts only on request
+
+
+def test_explain_facts_lists_the_analysis_facts_after_the_rewrites(capsys):
+    assert main(["optimize", RESNET, "--explain-facts", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    rewrites, facts = out.split("analysis facts that matched")
+    assert "rules that shaped" in rewrites and "rewrites that matched" in rewrites
+    assert "dtype-add" not in rewrites and "not shown" not in rewrites
+    assert "dtype-add" in facts and "shape-mat" in facts and "mul-commute" not in facts
 
 
 def feeds_file(tmp_path):
