@@ -49,6 +49,10 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="numpy", choices=["numpy", "numba"],
                         help="numpy (default) or numba (each fused kernel JIT-compiled, cached "
                              "on disk)")
+    parser.add_argument("--storage-dtype", choices=["float32", "float16"], default=None,
+                        help="dtype the intermediates are stored in (computed in float32); "
+                             "default: the target's storage_dtype (edge-npu: float16, which "
+                             "verify holds to float16's tolerances)")
     parser.add_argument("--input-shape", action="extend", nargs="+", type=_input_shape,
                         default=[], metavar="NAME=D1,D2,...",
                         help="shapes to compile for, one or more per flag: a dynamic input's, or "
@@ -78,6 +82,7 @@ def _compile(args, model):
                          input_shapes=dict(args.input_shape) or None,
                          budgets=Budgets(args.max_iterations, args.max_nodes, args.max_seconds),
                          progress=progress, hard_limits=args.hard_limits,
+                         storage_dtype=args.storage_dtype,
                          objective=args.objective, ilp_seconds=args.ilp_seconds)
 
 
@@ -211,6 +216,10 @@ def cmd_calibrate(args) -> int:
 def cmd_run(args) -> int:
     compiled = _compile(args, args.model)
     feeds = _load_feeds(args.inputs)
+    storage = compiled.report.backend_report.get("storage_dtype", "float32")
+    if storage != "float32" and not args.quiet:
+        print(f"[eqsat-fuse] intermediates are stored in {storage} (the target's storage_dtype; "
+              f"--storage-dtype float32 keeps float32)", file=sys.stderr, flush=True)
     outputs = compiled.run(feeds)
     if args.output:
         write_atomically(Path(args.output), lambda f: np.savez(f, **outputs), force=args.force,
@@ -228,6 +237,7 @@ def cmd_verify(args) -> int:
     result = compiled.verify(feeds, against=args.against, seed=args.seed)
     if args.json:
         print(json.dumps({"ok": result.ok, "against": result.against,
+                          "storage_dtype": result.storage_dtype, "note": result.note,
                           "outputs": [vars(o) for o in result.outputs]}, indent=2))
     else:
         print(result.summary())

@@ -160,6 +160,22 @@ def test_a_resized_input_verifies_against_the_resized_original():
     assert "verify against onnxruntime: OK" in out
 
 
+def test_float16_storage_and_its_looser_tolerance_are_said_and_can_be_declined(capsys):
+    assert main(["verify", RESNET, "--target", "edge-npu", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "intermediates are stored in float16, so float outputs are held to float16's " \
+           "tolerances (rtol 0.01, atol 0.01)" in out
+    assert main(["verify", RESNET, "--target", "edge-npu", "--storage-dtype", "float32",
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "float16" not in out and "rtol 0.001, atol 0.0001" in out
+    assert main(["optimize", RESNET, "--target", "edge-npu", "--quiet"]) == 0
+    assert "storage       intermediates in float16" in capsys.readouterr().out
+    assert main(["optimize", RESNET, "--target", "cpu", "--storage-dtype", "float16",
+                 "--quiet"]) == 0
+    assert "storage       intermediates in float16" in capsys.readouterr().out
+
+
 def test_bad_rule_file_is_named_with_line_and_column(tmp_path):
     rules = tmp_path / "bad.egg"
     rules.write_text('\n\n(rewrite (Relu x) (Nope x) :ruleset fuse :name "oops")\n')
