@@ -19,8 +19,10 @@ figures) is copied from a base cost file, the shipped `cpu.toml` by default.
 
 from __future__ import annotations
 
+import json
 import math
 import platform
+import re
 import sys
 import time
 from datetime import date
@@ -268,14 +270,25 @@ def program_steps(program, feeds: dict) -> tuple[list, dict]:
     return steps, seen.get("env", {})
 
 
+def target_name(output: str | Path | None) -> str:
+    """The [target] name of a calibrated file: the file's stem and the machine,
+    "cpu@build-42", so that neither the shipped "cpu" nor another machine's file shares it."""
+    host = re.sub(r"[^A-Za-z0-9._-]+", "-", platform.node()).strip("-") or "this-machine"
+    stem = Path(output).stem if output else "calibrated"
+    return f"{stem}@{host}"
+
+
 def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
-           flops: dict[str, float] | None = None) -> str:
-    """The cost file text: measured keys from `values`, the rest copied from the base file."""
+           flops: dict[str, float] | None = None, name: str | None = None) -> str:
+    """The cost file text: measured keys from `values`, the rest copied from the base file;
+    `name` is its [target] name (default `target_name(None)`)."""
     import tomllib
 
     base = tomllib.loads(base_path.read_text())
     flops = flops or {}
     v = {k: round(x, 4) if x < 100 else round(x, 1) for k, x in values.items()}
+    description = (f"{platform.node() or 'this machine'} ({platform.machine()}), measured by "
+                   f"eqsat-fuse calibrate on {date.today().isoformat()}, one thread per kernel")
     lines = [
         "# Cost model of this machine's CPU, measured by `eqsat-fuse calibrate` on "
         f"{date.today().isoformat()}",
@@ -286,9 +299,8 @@ def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
         f"# measured here are copied from {base_path.name}. Every key: docs/cost-models.md.",
         "",
         "[target]",
-        'name = "cpu"',
-        'description = "the machine the tests run on, measured by eqsat-fuse calibrate, one '
-        'thread per kernel"',
+        f"name = {_toml_value(name or target_name(None))}",
+        f"description = {_toml_value(description)}",
         "",
         "[kernel]",
         f"launch_us = {v['launch_us']}              # {notes.get('launch_us', '')}",
@@ -357,7 +369,7 @@ def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return f'"{value}"'
+        return json.dumps(value)              # a TOML basic string: quotes and \\ escaped
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(x) for x in value) + "]"
     if isinstance(value, float) and math.isfinite(value) and value == int(value):
@@ -366,8 +378,10 @@ def _toml_value(value) -> str:
 
 
 def calibrate(quick: bool = False, base: str | Path | None = None,
-              progress: Callable[[str], None] | None = None) -> str:
-    """Run the micro-benchmarks and return the text of a cost file (checked by loading it)."""
+              progress: Callable[[str], None] | None = None,
+              output: str | Path | None = None) -> str:
+    """Run the micro-benchmarks and return the text of a cost file (checked by loading it),
+    named after `output` (the file it is for) and this machine (`target_name`)."""
     from .resources import cost_model_file
 
     base_path = Path(base) if base else cost_model_file("cpu")
@@ -375,7 +389,7 @@ def calibrate(quick: bool = False, base: str | Path | None = None,
         raise EqsatFuseError(f"{base_path}: no such cost-model file")
     calibration = Calibration(quick, progress)
     values = calibration.run()
-    text = render(values, calibration.notes, base_path, calibration.flops)
+    text = render(values, calibration.notes, base_path, calibration.flops, target_name(output))
     _check(text)
     return text
 
@@ -402,7 +416,7 @@ def main(output: str, force: bool, quick: bool = False, base: str | None = None)
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    text = calibrate(quick, base, progress)
+    text = calibrate(quick, base, progress, output=path)
     write_atomically(path, lambda handle: handle.write(text.encode()), force=force)
     print(f"wrote {path}", file=sys.stderr)
     return 0

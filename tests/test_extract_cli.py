@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 
@@ -25,7 +26,10 @@ def test_calibrate_writes_a_cost_file_and_never_overwrites_without_force(tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert "[calibrate] 1/" in proc.stderr and "launch overhead" in proc.stderr
     model = load_cost_model(out)
-    assert model.target == "cpu" and model.launch_us > 0 and model.op_us_by_class
+    # named after the file and the machine, never the shipped target's "cpu"
+    assert model.target == f"mine@{platform.node()}" != load_cost_model("cpu").target
+    assert platform.node() in model.description
+    assert model.launch_us > 0 and model.op_us_by_class
     assert model.flops_per_element["Erf"] >= 1 and model.has_energy()
     before = out.read_text()
     proc = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "calibrate", "--quick",
