@@ -110,7 +110,7 @@ def run_cell(cell: dict, rule_files: list[str], backend: str = "numpy", repeats:
         egraph_nodes=report.egraph_nodes, stop_reason=report.stop_reason,
         iterations=report.iterations, verified=result.ok,
         max_abs_diff=max((o.max_abs_diff for o in result.outputs), default=0.0),
-        t_compile=round(compile_seconds, 4),
+        t_compile=round(compile_seconds, 4), notes=list(report.notes),
         **{f"t_{s}": round(report.timings.get(s, 0.0), 4) for s in STAGES})
     return row
 
@@ -160,6 +160,8 @@ def compare(models: Iterable[str], out_dir: str | Path, strategies: Iterable[str
             + (f"{row['kernels']} kernels, {row['predicted_us']:.1f} us predicted, "
                f"{row['measured_ms']:.3f} ms measured" if row["status"] == "ok"
                else f"error: {row['error']}"))
+        for note in row.get("notes", []):
+            say(f"    note: {note}")
     rows = [json.loads((out / "cells" / f"{c.key}.json").read_text())["row"] for c in cells]
     rows.sort(key=lambda r: (r["model"], r["target"], r["rules"],
                              list(STRATEGIES).index(r["strategy"])))

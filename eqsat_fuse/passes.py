@@ -21,6 +21,51 @@ from .saturate import Budgets, RuleProgram, SaturationReport
 from .serialized import fill_missing_facts, read_egraph
 
 SHIPPED_PASSES = ("canon", "fold", "fuse")
+_LEAVES = {"Mat", "Const", "Input"}
+
+
+def _fused_term(pattern, sorts: dict) -> str | None:
+    """The first subterm of `pattern` that holds an operator inline in another, with no Mat
+    between ("(Relu (Relu x))"): a fused term, which the encoder never writes."""
+    from .rulecheck import Call
+
+    if not isinstance(pattern, Call):
+        return None
+    is_op = pattern.op in sorts and sorts[pattern.op][1] == "T" and pattern.op not in _LEAVES
+    for arg in pattern.args:
+        if is_op and isinstance(arg, Call) and arg.op in sorts and sorts[arg.op][1] == "T" \
+                and arg.op not in _LEAVES:
+            return str(pattern)
+        found = _fused_term(arg, sorts)
+        if found:
+            return found
+    return None
+
+
+def unreachable_rules(user_rules: list[str | Path] | None, matches: dict[str, int]) -> list[str]:
+    """One line per user rule that matched nothing under the pass pipeline because its pattern
+    needs fused terms, which a pass sees only where an earlier pass committed that fusion."""
+    from .encode import constructor_sorts
+    from .rulecheck import parse_rule_files
+
+    if not user_rules:
+        return []
+    sorts = constructor_sorts()
+    notes = []
+    for rule in parse_rule_files([Path(p) for p in user_rules]):
+        if matches.get(rule.name) or rule.ruleset == "analysis":
+            continue
+        patterns = [rule.lhs, *(p for _, p in rule.matched)]
+        term = next((t for t in (_fused_term(p, sorts) for p in patterns if p is not None) if t),
+                    None)
+        if term is None:
+            continue
+        notes.append(f"rule {rule.name!r} ({rule.location}, ruleset {rule.ruleset}) cannot fire "
+                     f"under the passes strategy here: its pattern needs the fused term {term}, "
+                     f"and each pass sees only the program the previous one committed to, which "
+                     f"holds no such fusion (equality saturation keeps every fusion alternative "
+                     f"for it: strategy eqsat)")
+    return notes
 
 
 def _load(program: RuleProgram, encoding: Encoding) -> None:
@@ -80,5 +125,6 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
         stop_reason=stop_reason, iterations=rounds, egraph_nodes=nodes,
         seconds=time.perf_counter() - started,
         matches_per_rule={r: c for r, c in sorted(matches.items()) if c},
-        rule_files=final.files, rules=final.rules)
+        rule_files=final.files, rules=final.rules,
+        notes=unreachable_rules(user_rules, matches))
     return final.egraph, report, current

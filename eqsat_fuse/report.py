@@ -55,6 +55,7 @@ class Report:
     extraction: dict[str, Any] = field(default_factory=dict)   # extractor details (ILP gap...)
     nodes_added_by_conversion: int = 0    # nodes the upgrade from source_opset added
     rulesets: dict[str, str] = field(default_factory=dict)   # rule name -> its ruleset
+    notes: list[str] = field(default_factory=list)  # e.g. user rules the strategy cannot fire
 
     def analysis_facts(self) -> set[str]:
         """Rules of the `analysis` ruleset: they derive facts (shapes, dtypes, fusability), and
@@ -107,6 +108,7 @@ class Report:
                          f"(--storage-dtype sets it; the default is the target's storage_dtype)")
         if self.opaque_ops:
             lines.append(f"opaque        {', '.join(self.opaque_ops)} (run by onnx.reference)")
+        lines += [f"note          {note}" for note in self.notes]
         groups: dict[str, int] = {}
         for kernel in self.fused:
             key = "+".join(kernel.ops)

@@ -74,6 +74,8 @@ class SaturationReport:
     matches_per_rule: dict[str, int] = field(default_factory=dict)
     rule_files: list[str] = field(default_factory=list)
     rules: dict[str, RuleInfo] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)    # what the user should know: rules that
+                                                      # cannot fire under this strategy, and why
 
 
 MAX_NESTING = 500

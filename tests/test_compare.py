@@ -85,3 +85,28 @@ def test_bad_sweep_names_fail_before_any_work(tmp_path, kwargs, message):
     with pytest.raises(ef.EqsatFuseError, match=message):
         compare(TWO_MODELS, tmp_path, **kwargs)
     assert not (tmp_path / "cells").exists() or not any((tmp_path / "cells").iterdir())
+
+
+def test_the_passes_strategy_says_which_user_rules_cannot_fire_and_why(tmp_path):
+    from onnx import helper
+
+    from conftest import make_model
+
+    rules = tmp_path / "inline.egg"
+    rules.write_text('; Relu of an inline Relu is one Relu (needs the two fused first)\n'
+                     '(rewrite (Relu (Relu x)) (Relu x) :ruleset fold :name "relu-relu-inline")\n')
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Exp", ["b"], ["y"])]
+    model = make_model(nodes, [("x", [4, 4])], [("y", [4, 4])])
+    # edge-npu runs no elementwise fusion, so no pass ever commits (Relu (Relu x)) ...
+    passes = ef.compile(model, rules=[rules], strategy="passes", target="edge-npu").report
+    assert "relu-relu-inline" not in passes.matches_per_rule
+    assert len(passes.notes) == 1
+    note = passes.notes[0]
+    assert f"rule 'relu-relu-inline' ({rules}:2, ruleset fold) cannot fire under the passes " \
+           f"strategy" in note and "the fused term (Relu (Relu x))" in note
+    assert f"note          {note}" in passes.summary()
+    # ... while equality saturation keeps the alternative and the rule fires, with no note
+    eqsat = ef.compile(model, rules=[rules], target="edge-npu").report
+    assert eqsat.matches_per_rule["relu-relu-inline"] >= 1 and not eqsat.notes
+    assert eqsat.kernels_out < passes.kernels_out
