@@ -35,7 +35,7 @@ from .files import write_atomically
 if TYPE_CHECKING:
     from .pipeline import Compiled
 
-MAX_GRAPH_NODES = 1500      # pictures with more nodes than this are not drawn (dot gets slow)
+MAX_GRAPH_NODES = 4000      # pictures with more nodes than this are not drawn (dot gets slow)
 MAX_LABEL = 32              # characters of a name shown in a graph label (all of it in tooltips)
 
 _ANCHORS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "LSTM", "GRU", "RNN",
@@ -153,11 +153,16 @@ def _section(key: str, title: str, body: str) -> str:
 
 def _graphs(compiled, source, max_nodes: int) -> str:
     if source is not None:
-        count = len(source.graph.node)
-        original = (_graph_figure("original", _original_dot(source), count, max_nodes)
+        folded = shape_arithmetic(source)
+        count = len(source.graph.node) - len(folded)
+        original = (_graph_figure("original", _original_dot(source, folded), count, max_nodes)
                     if count <= max_nodes else _too_big(count, max_nodes))
-        original_caption = (f"The model as given: {_plural(count, 'ONNX node')} "
-                            f"(weights and Constant nodes not drawn).")
+        collapsed = (f"; {_plural(len(folded), 'node')} of shape arithmetic folded at compile "
+                     f"time (Shape, and what computes only from shapes and constants) collapsed "
+                     f"into the nodes that read them" if folded else "")
+        original_caption = (f"The model as given: {_plural(len(source.graph.node), 'ONNX node')}"
+                            f" (weights and Constant nodes not drawn{collapsed}). Scroll the "
+                            f"wheel to zoom, drag to pan.")
     else:
         original = '<p class="note">The original model is not available.</p>'
         original_caption = "The model as given."
@@ -218,7 +223,27 @@ def _digraph(name: str):
     return graph
 
 
-def _original_dot(model):
+def shape_arithmetic(model) -> set[int]:
+    """Indices of the nodes that compute only from shapes and constants (Shape of any value,
+    and what reads only such values, initializers and Constant outputs): the importer folds
+    them away, so the picture collapses them. A node writing a graph output is kept."""
+    g = model.graph
+    static = {t.name for t in g.initializer}
+    outputs = {o.name for o in g.output}
+    folded: set[int] = set()
+    for i, node in enumerate(g.node):
+        if node.domain not in ("", "ai.onnx") or any(o in outputs for o in node.output):
+            continue
+        if node.op_type == "Shape" or (node.op_type != "Constant" and node.input and
+                                       all(not x or x in static for x in node.input)):
+            folded.add(i)
+            static.update(o for o in node.output if o)
+        elif node.op_type == "Constant":
+            static.update(node.output)
+    return folded
+
+
+def _original_dot(model, collapsed: set[int] = frozenset()):
     graph = _digraph("original")
     g = model.graph
     weights = {t.name for t in g.initializer}
@@ -229,8 +254,8 @@ def _original_dot(model):
                    fillcolor="#ffffff", tooltip=_tooltip(value.name))
         producer[value.name] = node_id
     for i, node in enumerate(g.node):
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            continue            # a weight written as a node: not drawn, as initializers are not
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") or i in collapsed:
+            continue            # a weight written as a node, or folded shape arithmetic
         node_id = f"n{i}"
         lines = [node.op_type] + ([node.name] if node.name else [])
         graph.node(node_id, _label(*lines), fillcolor=_FILL[_category(node.op_type)],
@@ -649,7 +674,8 @@ tr:target td { background: #fff3b0; }
 figure { margin: 0; border: 1px solid var(--line); border-radius: 6px; padding: 8px;
          min-width: 0; }
 figcaption { color: var(--muted); font-size: 13px; margin-bottom: 6px; }
-.picture { overflow: auto; max-height: 900px; }
+.picture { overflow: auto; max-height: 900px; cursor: grab; }
+.picture.dragging { cursor: grabbing; user-select: none; }
 .picture svg { display: block; margin: 0 auto; }
 .picture.fit svg { max-width: 100%; height: auto; }
 figcaption button { font: inherit; font-size: 12px; margin-left: 6px; cursor: pointer; }
@@ -664,10 +690,62 @@ footer { margin-top: 32px; color: var(--muted); font-size: 12px; }
 # Sorting by a click on a column head, and a graph shrunk to its box's width (at first) or
 # shown at its actual size; the page's policy allows this script by its hash only.
 _SCRIPT = """
+// Zoom (wheel, at the pointer) and pan (drag) in each picture. A picture whose fitted size
+// would shrink its text below legibility starts at its actual size instead.
+document.querySelectorAll(".picture").forEach(function (picture) {
+  var svg = picture.querySelector("svg");
+  if (!svg || !svg.viewBox.baseVal) { return; }
+  var natural = svg.viewBox.baseVal.width * 4 / 3;          // dot's points, in CSS pixels
+  var button = picture.closest("figure").querySelector("button.fit-toggle");
+  function zoomTo(width, x, y) {
+    var old = svg.getBoundingClientRect(), box = picture.getBoundingClientRect();
+    var px = x === undefined ? box.width / 2 : x - box.left;
+    var py = y === undefined ? box.height / 2 : y - box.top;
+    var fx = (picture.scrollLeft + px) / old.width, fy = (picture.scrollTop + py) / old.height;
+    picture.classList.remove("fit");
+    if (button) { button.textContent = "fit to width"; }
+    svg.style.width = width + "px";
+    svg.style.height = "auto";
+    var now = svg.getBoundingClientRect();
+    picture.scrollLeft = fx * now.width - px;
+    picture.scrollTop = fy * now.height - py;
+  }
+  picture.zoomTo = zoomTo;
+  if (natural > 0 && picture.clientWidth / natural < 0.45) {
+    zoomTo(natural * 0.75);              // 10 px text; start where the graph starts
+    var first = svg.querySelector("g.node"), box = picture.getBoundingClientRect();
+    if (first) {
+      var at = first.getBoundingClientRect();
+      picture.scrollTop += at.top - box.top - 8;
+      picture.scrollLeft += (at.left + at.right) / 2 - (box.left + box.right) / 2;
+    }
+  }
+  picture.addEventListener("wheel", function (event) {
+    event.preventDefault();
+    var width = svg.getBoundingClientRect().width * (event.deltaY < 0 ? 1.25 : 0.8);
+    zoomTo(Math.max(100, Math.min(width, natural * 4)), event.clientX, event.clientY);
+  }, {passive: false});
+  var start = null;
+  picture.addEventListener("mousedown", function (event) {
+    start = [event.clientX, event.clientY, picture.scrollLeft, picture.scrollTop];
+    picture.classList.add("dragging");
+  });
+  window.addEventListener("mousemove", function (event) {
+    if (!start) { return; }
+    picture.scrollLeft = start[2] - (event.clientX - start[0]);
+    picture.scrollTop = start[3] - (event.clientY - start[1]);
+  });
+  window.addEventListener("mouseup", function () {
+    start = null;
+    picture.classList.remove("dragging");
+  });
+});
 document.querySelectorAll("button.fit-toggle").forEach(function (button) {
   button.addEventListener("click", function () {
     var picture = button.closest("figure").querySelector(".picture");
     var fit = picture.classList.toggle("fit");
+    var svg = picture.querySelector("svg");
+    if (svg) { svg.style.width = ""; svg.style.height = ""; }   // undo a zoom
     button.textContent = fit ? "actual size" : "fit to width";
     picture.scrollLeft = (picture.scrollWidth - picture.clientWidth) / 2;
   });

@@ -33,7 +33,7 @@ import eqsat_fuse as ef
 from eqsat_fuse import cli, html_report
 from eqsat_fuse.demo import demo_model
 
-from conftest import conv_bn_relu_model
+from conftest import conv_bn_relu_model, make_model
 
 WINDOW = (1400, 1800)       # CSS pixels; the graphs sit in the first screen of the page
 
@@ -141,13 +141,13 @@ window.addEventListener("load", function () {
 """.strip()
 
 
-def _with_probe(report: Path, out: Path) -> Path:
-    """A copy of the report with the probe script, allowed by its hash in the page's policy."""
+def _with_probe(report: Path, out: Path, probe: str = _PROBE) -> Path:
+    """A copy of the report with a probe script, allowed by its hash in the page's policy."""
     text = report.read_text(encoding="utf-8")
-    digest = base64.b64encode(hashlib.sha256(_PROBE.encode()).digest()).decode()
+    digest = base64.b64encode(hashlib.sha256(probe.encode()).digest()).decode()
     text, n = re.subn(r"script-src ('sha256-[^']+')", rf"script-src \1 'sha256-{digest}'", text)
     assert n == 1, "the page has no script-src policy"
-    text = text.replace("</body>", f"<script>{_PROBE}</script>\n</body>")
+    text = text.replace("</body>", f"<script>{probe}</script>\n</body>")
     out.write_text(text, encoding="utf-8")
     return out
 
@@ -336,3 +336,96 @@ def test_chromium_runs_no_script_from_the_model(tmp_path):
     shown = "".join(page.text)
     assert HOSTILE_NODE in shown and HOSTILE_INPUT in shown
     assert HOSTILE_NODE in " ".join(page.figure_text["original-graph"])
+
+
+# ---- a large model: 2,000 nodes, a third of them shape arithmetic ------------------------------
+
+def large_model(blocks: int) -> onnx.ModelProto:
+    """Blocks of Reshape(h, a shape computed from Shape(h)), MatMul, Add, Relu, Mul, Add: nine
+    nodes each, three of them shape arithmetic, as exporters write them."""
+    inits = {"w": np.full((16, 16), 0.05, np.float32), "b": np.zeros(16, np.float32),
+             "zero": np.array([0], np.int64), "minus": np.array([-1], np.int64)}
+    nodes, h = [], "x"
+    for i in range(blocks):
+        p = f"b{i}_"
+        nodes += [helper.make_node("Shape", [h], [p + "s"]),
+                  helper.make_node("Gather", [p + "s", "zero"], [p + "d"], axis=0),
+                  helper.make_node("Concat", [p + "d", "minus"], [p + "c"], axis=0),
+                  helper.make_node("Reshape", [h, p + "c"], [p + "r"]),
+                  helper.make_node("MatMul", [p + "r", "w"], [p + "m"]),
+                  helper.make_node("Add", [p + "m", "b"], [p + "a"]),
+                  helper.make_node("Relu", [p + "a"], [p + "y"]),
+                  helper.make_node("Mul", [p + "y", p + "y"], [p + "q"]),
+                  helper.make_node("Add", [p + "q", p + "y"], [p + "o"])]
+        h = p + "o"
+    nodes.append(helper.make_node("Identity", [h], ["y"]))
+    return make_model(nodes, [("x", [4, 16])], [("y", [4, 16])], inits)
+
+
+_LARGE_PROBE = """
+window.addEventListener("load", function () {
+  function legible(id) {       // text drawn inside the visible part of the picture, >= 8 px tall
+    var box = document.querySelector("#" + id + " .picture").getBoundingClientRect();
+    return Array.from(document.querySelectorAll("#" + id + " svg text")).filter(function (t) {
+      var r = t.getBoundingClientRect();
+      return r.height >= 8 && r.top >= box.top && r.bottom <= box.bottom && r.left >= box.left
+        && r.right <= box.right;
+    }).length;
+  }
+  function region(id) {
+    var a = document.querySelector("#" + id + " .picture").getBoundingClientRect();
+    return [a.left, a.top, a.right, a.bottom];
+  }
+  var probe = {original: legible("original-graph"), fused: legible("fused-graph"),
+               original_box: region("original-graph"), fused_box: region("fused-graph")};
+  var picture = document.querySelector("#original-graph .picture");
+  var svg = picture.querySelector("svg"), before = svg.getBoundingClientRect().width;
+  var at = picture.getBoundingClientRect();
+  picture.dispatchEvent(new WheelEvent("wheel", {deltaY: -100, clientX: at.left + 50,
+                                                 clientY: at.top + 50, bubbles: true,
+                                                 cancelable: true}));
+  probe.zoomed = svg.getBoundingClientRect().width / before;
+  var top = picture.scrollTop;
+  picture.dispatchEvent(new MouseEvent("mousedown", {clientX: 200, clientY: 900, bubbles: true}));
+  window.dispatchEvent(new MouseEvent("mousemove", {clientX: 200, clientY: 600}));
+  window.dispatchEvent(new MouseEvent("mouseup", {}));
+  probe.panned = picture.scrollTop - top;
+  document.documentElement.setAttribute("data-probe", JSON.stringify(probe));
+});
+""".strip()
+
+
+def test_a_2000_node_model_s_graphs_are_drawn_collapsed_legible_zoomable(tmp_path):
+    _chromium()
+    model = large_model(222)
+    assert len(model.graph.node) == 1999
+    compiled = ef.compile(model)
+    report = compiled.report_html(tmp_path / "large.html")
+    page = report.read_text(encoding="utf-8")
+    assert "too many to draw" not in page
+    assert "666 nodes of shape arithmetic folded at compile time" in page
+    parsed = _parse(page)
+    assert parsed.figure_svgs == {"original-graph": 1, "fused-graph": 1}
+    drawn = parsed.figure_text["original-graph"]
+    assert "Shape" not in drawn and "Concat" not in drawn and drawn.count("MatMul") == 222
+
+    dom = _browse(_with_probe(report, tmp_path / "probed.html", _LARGE_PROBE), tmp_path,
+                  "--dump-dom").stdout
+    probe = json.loads(re.search(r'data-probe="([^"]+)"', dom).group(1).replace("&quot;", '"'))
+    # on opening, both pictures show many labels at a legible size (not shrunk to fit) ...
+    assert probe["original"] >= 12 and probe["fused"] >= 12, probe
+    # ... the wheel zooms in at the pointer, and a drag pans
+    assert 1.2 < probe["zoomed"] < 1.3, probe
+    assert probe["panned"] > 200, probe
+
+    shot = tmp_path / "shot.png"
+    _browse(report, tmp_path, f"--screenshot={shot}")
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    for name, fill in (("original", (0xcf, 0xe0, 0xf7)), ("fused", (0xee, 0xf4, 0xfb))):
+        left, top, right, bottom = (round(v) for v in probe[f"{name}_box"])
+        region = pixels[max(top, 0):min(bottom, WINDOW[1]), max(left, 0):min(right, WINDOW[0])]
+        assert (region.mean(axis=2) < 0.4).sum() > 800, f"{name}: no text or edges drawn"
+        near = np.abs(region - np.array(fill) / 255).max(axis=2) < 4 / 255
+        assert near.sum() > 2000, f"{name} graph region shows no node fill {fill}"
