@@ -104,8 +104,8 @@ class Report:
                          f"{len(b['fallback_kernels'])} fell back to NumPy, "
                          f"{b['copy_kernels']} copies, {b['threads']} thread(s)")
         if b.get("storage_dtype", "float32") != "float32":
-            lines.append(f"storage       intermediates in {b['storage_dtype']}, computed in float32 "
-                         f"(--storage-dtype sets it; the default is the target's storage_dtype)")
+            lines.append(f"storage       intermediates in {b['storage_dtype']}, computed in "
+                         f"float32 (--storage-dtype sets it; the default is the target's storage_dtype)")
         if self.opaque_ops:
             lines.append(f"opaque        {', '.join(self.opaque_ops)} (run by onnx.reference)")
         lines += [f"note          {note}" for note in self.notes]

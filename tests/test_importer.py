@@ -102,8 +102,8 @@ def test_a_dim_that_is_not_a_number_is_named():
 
 def _two_dynamic_inputs():
     nodes = [helper.make_node("Add", ["input_ids", "attention_mask"], ["y"])]
-    return make_model(nodes, [("input_ids", ["batch", "seq"]), ("attention_mask", ["batch", "seq"])],
-                      [("y", ["batch", "seq"])])
+    dims = ["batch", "seq"]
+    return make_model(nodes, [("input_ids", dims), ("attention_mask", dims)], [("y", dims)])
 
 
 def test_the_dynamic_dim_error_names_every_dynamic_input_with_a_hint_of_its_rank():
