@@ -1272,8 +1272,15 @@ class KernelGen:
                                f"{m.int_param(Kd)}, {acc}, 0, EC, AP)")
             else:
                 Bname = m.array(bkey, ("array", np.ascontiguousarray(value, dtype=np.float32)))
-                m.lines.append(f"    np.dot(A2[r0:r1], {Bname}, {acc}[r0 * EC:r1 * EC]"
-                               f".reshape((r1 - r0, EC)))")
+                if self.shares_gemm(rows * N * Kd):
+                    m.lines.append(f"    K.gemm_parallel(0, 0, r1 - r0, EC, {m.int_param(Kd)}, "
+                                   f"F32(1), A, r0 * {m.int_param(Kd)}, {m.int_param(Kd)}, "
+                                   f"{Bname}, 0, EC, F32(0), {acc}, r0 * EC, EC, "
+                                   f"{self.b.threads})")
+                    epi_fn = self.parallel_rows(epi_fn)
+                else:
+                    m.lines.append(f"    np.dot(A2[r0:r1], {Bname}, {acc}[r0 * EC:r1 * EC]"
+                                   f".reshape((r1 - r0, EC)))")
             m.lines += epi_fn
             return
         # batched: broadcast batch dims, one strided GEMM per batch (K.gemm takes leading dims
@@ -1299,13 +1306,29 @@ class KernelGen:
         m.lines.append(f"M = {m.int_param(M)}")
         off_a = self.row_base(tab_a, "bi")
         off_b = self.row_base(tab_b, "bi")
-        m.lines.append(f"for bi in range({m.int_param(batch)}):")
+        # the batch is shared among the threads, each product one serial BLAS call
+        share = batch > 1 and self.shares_gemm(batch * M * N * Kd)
+        m.parallel = m.parallel or share
+        m.lines.append(f"for bi in {'prange' if share else 'range'}({m.int_param(batch)}):")
         m.lines.append(f"    r0 = bi * M")
         m.lines.append(f"    r1 = r0 + M")
         m.lines.append(f"    K.gemm({tra}, {trb}, M, EC, {m.int_param(Kd)}, F32(1), {arr_a}, {off_a}, "
                        f"{m.int_param(lda)}, {arr_b}, {off_b}, {m.int_param(ldb)}, F32(0), "
                        f"{acc}, r0 * EC, EC)")
         m.lines += epi_fn
+
+    def shares_gemm(self, macs: int) -> bool:
+        """Whether a BLAS product of `macs` multiply-adds is split among the threads (BLAS is
+        single-threaded while a program runs; see `eqsat_fuse.threads`)."""
+        return self.b.threads > 1 and macs >= PARALLEL_MIN_MACS
+
+    def parallel_rows(self, lines: list[str]) -> list[str]:
+        """An epilogue (`emit_epilogue`'s lines) with its row loop shared among the threads;
+        marks the kernel parallel."""
+        self.m.parallel = True
+        head = lines[0]
+        assert head.lstrip().startswith("for r in range(r0, r1):"), head
+        return [head.replace("for r in range(", "for r in prange(", 1)] + lines[1:]
 
     def blas_view(self, t: Tensor, bdims: tuple) -> tuple | None:
         """(transposed, leading dim, element offset per batch, array) when BLAS can read the

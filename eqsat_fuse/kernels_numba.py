@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -187,6 +187,33 @@ def gemm(trans_a, trans_b, m, n, k, alpha, a, a_off, lda, b, b_off, ldb, beta, c
     pc = chars.ctypes.data
     _sgemm(pc, pc + 1, pi, pi + 4, pi + 8, pf, b.ctypes.data + 4 * b_off, pi + 12,
            a.ctypes.data + 4 * a_off, pi + 16, pf + 4, c.ctypes.data + 4 * c_off, pi + 20)
+
+
+@njit(parallel=True, **_OPTS)
+def gemm_parallel(trans_a, trans_b, m, n, k, alpha, a, a_off, lda, b, b_off, ldb, beta, c,
+                  c_off, ldc, parts):
+    """`gemm` split into `parts` blocks, one serial BLAS call per thread (BLAS itself runs
+    single-threaded while a program runs: its own workers would fight Numba's for the cores,
+    see `eqsat_fuse.threads`). Columns of C are split when C is at least as wide as it is tall
+    (each thread then reads its share of B, the weights), rows otherwise; blocks are whole
+    multiples of 16 columns or 8 rows."""
+    if n >= m:
+        step = ((n + parts - 1) // parts + 15) // 16 * 16
+        for p in prange(parts):
+            j0 = min(p * step, n)
+            j1 = min(j0 + step, n)
+            if j1 > j0:
+                gemm(trans_a, trans_b, m, j1 - j0, k, alpha, a, a_off, lda, b,
+                     b_off + (j0 * ldb if trans_b else j0), ldb, beta, c, c_off + j0, ldc)
+    else:
+        step = ((m + parts - 1) // parts + 7) // 8 * 8
+        for p in prange(parts):
+            i0 = min(p * step, m)
+            i1 = min(i0 + step, m)
+            if i1 > i0:
+                gemm(trans_a, trans_b, i1 - i0, n, k, alpha, a,
+                     a_off + (i0 if trans_a else i0 * lda), lda, b, b_off, ldb, beta, c,
+                     c_off + i0 * ldc, ldc)
 
 
 @njit(**_OPTS)

@@ -32,6 +32,7 @@ from .ir import BodyNode, Kernel, KernelPlan, Operand
 from .layout import Layout, view_layouts
 from .memory import ALIGN, MemoryPlan, plan_memory, view_roots
 from .ops import OPS
+from .threads import governed, resolve as resolve_threads
 
 BACKENDS = ("numpy", "numba")
 STORAGE_DTYPES = ("float32", "float16")
@@ -74,6 +75,7 @@ class Program:
     storage_dtype: str = "float32"
     report: BackendReport | None = None
     arena: np.ndarray | None = None
+    threads: int = 1                       # the one thread setting of its runs (see threads)
     layouts: dict[str, Layout] = field(default_factory=dict)
     _fresh: list = field(default_factory=list)        # (storage, numel, dtype) per run
     _dynamic_views: list = field(default_factory=list)
@@ -130,8 +132,10 @@ class Program:
         steps = self._run_steps if self._run_steps and self.steps is self._kernel_steps \
             else self.steps
         try:
-            for step in steps:
-                step(dyn)
+            with governed(self.threads, 1 if self.backend == "numba" else self.threads,
+                          numba_threads=self.backend == "numba"):
+                for step in steps:
+                    step(dyn)
         except IndexError as why:
             # a Gather index fed at run time (both backends check and raise this message);
             # any other IndexError is a bug in eqsat-fuse and stays as it is
@@ -330,13 +334,16 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
 
     `storage_dtype` "float16" stores float32 intermediates as float16; `cache_dir` is where the
     Numba backend keeps generated kernels (default: $EQSAT_FUSE_CACHE_DIR or the user cache);
-    `threads` caps the Numba backend's parallel loops (default: Numba's thread count).
+    `threads` is the program's one thread setting (default: this process's cores, see
+    `threads`): the Numba backend's parallel loops, with BLAS single-threaded inside them, or
+    the NumPy backend's BLAS.
     """
     if backend not in BACKENDS:
         raise EqsatFuseError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if storage_dtype not in STORAGE_DTYPES:
         raise EqsatFuseError(f"unknown storage dtype {storage_dtype!r}; choose one of "
                              f"{', '.join(STORAGE_DTYPES)}")
+    threads = resolve_threads(threads)
     started = time.perf_counter()
     opaque = OpaqueNodes(plan, opset)
     constants = fold_constants(plan, opaque)
@@ -367,12 +374,12 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
             return str(constants[name].dtype)
         return plan.inputs[name].dtype
 
-    report = BackendReport(backend=backend, storage_dtype=storage_dtype, removed_kernels=removed)
+    report = BackendReport(backend=backend, storage_dtype=storage_dtype, removed_kernels=removed,
+                           threads=threads)
     numba_backend = None
     if backend == "numba":
         from .backend_numba import NumbaBackend
         numba_backend = NumbaBackend(plan, constants, layouts, stored, cache_dir, threads)
-        report.threads = numba_backend.threads
 
     # one implementation per step: generated code, or the NumPy evaluation
     impls: dict[int, Any] = {}
@@ -470,7 +477,9 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
             continue          # a view: bound once above (or per run for inputs/outputs)
         if i in impls:
             call = binder.call(impls[i], kernel, i)
-            steps.append(binder.step(call))
+            step = binder.step(call)
+            step.label = "+".join(kernel.ops)
+            steps.append(step)
             pending.append(call)
         else:
             step = _numpy_step(kernel, opaque, value_of, plan)
@@ -492,7 +501,7 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
 
     program = Program(plan=plan, backend=backend, constants=constants, steps=steps,
                       memory=memory, fold_seconds=fold_seconds, storage_dtype=storage_dtype,
-                      report=report, arena=arena, layouts=layouts)
+                      report=report, arena=arena, layouts=layouts, threads=threads)
     program._kernel_steps = steps
     program._run_steps = run_steps if binder is not None else []
     program._fresh = [(root, plan.buffers[root].size, np.dtype(plan.buffers[root].dtype))

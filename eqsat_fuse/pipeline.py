@@ -104,7 +104,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             strategy: str = "eqsat",
             progress: Callable[[str], None] | None = None,
             hard_limits: HardLimits | None = None,
-            objective: str = "latency", ilp_seconds: float = 30.0) -> Compiled:
+            objective: str = "latency", ilp_seconds: float = 30.0,
+            threads: int | None = None) -> Compiled:
     """Compile an ONNX model (path or ModelProto) into a fused program for `target`.
 
     `rules` adds rule files to the shipped ones; `input_shapes` fixes dynamic input dims;
@@ -158,7 +159,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     stage("lower")
     if storage_dtype is None:
         storage_dtype = getattr(cost_model, "storage_dtype", "float32")
-    program = lower(plan, backend, graph.opset, storage_dtype=storage_dtype, cache_dir=cache_dir)
+    program = lower(plan, backend, graph.opset, storage_dtype=storage_dtype, cache_dir=cache_dir,
+                    threads=threads)
     plan = program.plan          # lowering may drop kernels whose buffer a reader recomputes
     stage("done")
 
