@@ -1,0 +1,125 @@
+"""Per-kernel profile of a compiled model: the share of each kernel family in a run, at the
+thread count given, next to onnxruntime's own profiler output for the same model.
+
+    .venv/bin/python bench/profile.py [--threads N] [--top K] [--ort] MODEL
+
+Each kernel of the Numba program runs alone (its own step, not inside a segment), so the sum
+is a little above a segment run; the table groups kernels by their fused ops and prints the
+median time of each group per run, its share and its kernel count. `--ort` adds onnxruntime
+ENABLE_ALL's profile (its JSON trace, grouped by op type) at the same thread count.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import set_threads  # noqa: E402
+
+THREADS = set_threads(sys.argv)
+
+import numpy as np  # noqa: E402
+
+import eqsat_fuse as ef  # noqa: E402
+from _common import load_model, ort_session  # noqa: E402
+from eqsat_fuse.verify import random_feeds  # noqa: E402
+
+
+def kernel_profile(compiled, feeds, repeat: int = 10) -> dict[str, tuple[float, int]]:
+    """{kernel ops: (median seconds per run over all such kernels, count)}."""
+    program = compiled.program
+    steps = list(program._kernel_steps)
+    times = [[] for _ in steps]
+
+    def timed(i, step):
+        def run(env):
+            t0 = time.perf_counter()
+            step(env)
+            times[i].append(time.perf_counter() - t0)
+        return run
+
+    saved = program.steps
+    program.steps = [timed(i, s) for i, s in enumerate(steps)]     # run() takes them one by one
+    try:
+        for _ in range(2):
+            program.run(feeds)
+        for t in times:
+            t.clear()
+        for _ in range(repeat):
+            time.sleep(0.02)
+            program.run(feeds)
+    finally:
+        program.steps = saved
+    groups: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for step, t in zip(steps, times):
+        label = getattr(step, "label", "?")
+        groups[label][0] += float(np.median(t))
+        groups[label][1] += 1
+    return {k: (v[0], v[1]) for k, v in groups.items()}
+
+
+def ort_profile(model, feeds, repeat: int = 10) -> dict[str, tuple[float, int]]:
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    options.enable_profiling = True
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    for _ in range(2):
+        session.run(None, feeds)
+    for _ in range(repeat):
+        session.run(None, feeds)
+    path = session.end_profiling()
+    with open(path) as f:
+        trace = json.load(f)
+    os.remove(path)
+    per: dict[str, list] = collections.defaultdict(list)
+    for ev in trace:
+        if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
+            per[(ev["args"]["op_name"], ev["name"])].append(ev["dur"] * 1e-6)
+    groups: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for (op, _), t in per.items():
+        groups[op][0] += float(np.median(t[-repeat:]))
+        groups[op][1] += 1
+    return {k: (v[0], v[1]) for k, v in groups.items()}
+
+
+def table(title: str, groups: dict[str, tuple[float, int]], top: int) -> None:
+    total = sum(t for t, _ in groups.values())
+    print(f"\n{title}: {total * 1e3:.2f} ms in {sum(n for _, n in groups.values())} kernels")
+    print(f"{'kernel ops':60s} {'ms':>8s} {'share':>6s} {'count':>5s}")
+    for label, (t, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"{label[:60]:60s} {t * 1e3:8.3f} {100 * t / total:5.1f}% {n:5d}")
+
+
+def main(argv: list[str]) -> None:
+    top = 25
+    if "--top" in argv:
+        i = argv.index("--top")
+        top = int(argv[i + 1])
+        del argv[i:i + 2]
+    with_ort = "--ort" in argv
+    names = [a for a in argv if not a.startswith("--")]
+    if len(names) != 1:
+        print(__doc__.strip())
+        sys.exit(2)
+    model = load_model(names[0])
+    compiled = ef.compile(model, backend="numba", threads=THREADS)
+    feeds = random_feeds(compiled.plan.inputs, 0)
+    print(f"threads: {THREADS}; {os.path.basename(names[0])}; medians of 10 runs")
+    table("eqsat-fuse (Numba), each kernel alone", kernel_profile(compiled, feeds), top)
+    if with_ort:
+        table("onnxruntime ENABLE_ALL (its profiler)", ort_profile(model, feeds), top)
+
+
+if __name__ == "__main__":
+    if "-h" in sys.argv or "--help" in sys.argv:
+        print(__doc__.strip())
+        sys.exit(0)
+    main(sys.argv[1:])
