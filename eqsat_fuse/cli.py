@@ -53,6 +53,10 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
                         help="dtype the intermediates are stored in (computed in float32); "
                              "default: the target's storage_dtype (edge-npu: float16, which "
                              "verify holds to float16's tolerances)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="threads the program runs on: Numba's parallel loops (BLAS "
+                             "single-threaded inside them) or the NumPy backend's BLAS "
+                             "(default: the cores this process may use)")
     parser.add_argument("--input-shape", action="extend", nargs="+", type=_input_shape,
                         default=[], metavar="NAME=D1,D2,...",
                         help="shapes to compile for, one or more per flag: a dynamic input's, or "
@@ -82,7 +86,7 @@ def _compile(args, model):
                          input_shapes=dict(args.input_shape) or None,
                          budgets=Budgets(args.max_iterations, args.max_nodes, args.max_seconds),
                          progress=progress, hard_limits=args.hard_limits,
-                         storage_dtype=args.storage_dtype,
+                         storage_dtype=args.storage_dtype, threads=args.threads,
                          objective=args.objective, ilp_seconds=args.ilp_seconds)
 
 

@@ -115,6 +115,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     saturation in a child process with a memory cap and a deadline (see `limits`).
     `extractor` is "tree", "greedy-dag" or "ilp" (`ilp_seconds` is its time limit); `objective`
     ("latency" or "energy") is what extraction minimizes under the target's cost model.
+    `threads` is the program's one thread setting (default: the cores this process may use):
+    the Numba backend's parallel loops, with BLAS single-threaded inside them, or the NumPy
+    backend's BLAS; each run sets it and puts the process's settings back (see `threads`).
     """
     timings: dict[str, float] = {}
     current: list = [None, time.perf_counter()]

@@ -193,3 +193,11 @@ def test_wrong_feed_names_the_input(tmp_path):
     code, _, err = run_cli("run", RESNET, "--inputs", str(feeds), "--quiet")
     assert code == 2
     assert "input 'pixel_values' has shape [1, 3, 32, 32]" in err and "[1, 3, 64, 64]" in err
+
+
+def test_threads_sets_the_programs_thread_count_and_a_bad_one_is_refused(capsys):
+    assert main(["optimize", RESNET, "--threads", "1", "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend_report"]["threads"] == 1
+    assert main(["optimize", RESNET, "--threads", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "threads must be a whole number >= 1" in err and err.count("\n") == 1
