@@ -294,7 +294,8 @@ def family_of(name: str) -> str:
     if name in BUILTIN:
         return BUILTIN[name][0]
     lowered = name.lower()
-    if any(k in lowered for k in ("bert", "gpt", "vit", "encoder", "transformer")):
+    if any(k in lowered for k in ("bert", "gpt", "vit", "llama", "decoder", "swin", "encoder",
+                                  "transformer")):
         return "transformer"
     return "cnn"
 
