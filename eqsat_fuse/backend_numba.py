@@ -31,7 +31,10 @@ Kernel families:
   plane, so no im2col matrix is built; `conv_packed`). Depthwise Conv runs direct loops (3x3
   taps summed in registers). Other CPUs use BLAS: `np.dot` (im2col, direct 1x1), shifted GEMMs
   over the padded input for stride-1 convolutions on wide planes, and `kernels_numba.gemm`,
-  which takes leading dimensions and transposes so transposed or sliced views need no copy;
+  which takes leading dimensions and transposes so transposed or sliced views need no copy.
+  BLAS runs single-threaded while a program runs (`eqsat_fuse.threads`), so with more than one
+  thread a large product is split among Numba's threads (`kernels_numba.gemm_parallel`, or the
+  batch of a batched product in `prange`) and its epilogue rows run in `prange`;
 - Softmax and LayerNormalization: one row at a time, prologue (the fused elementwise input),
   the row statistics in 16 independent lanes (a vectorized reduction without reassociation)
   and the epilogue; ReduceMean/ReduceSum over trailing axes (an epilogue that reads the
