@@ -1972,13 +1972,13 @@ class NumbaBackend:
     def __init__(self, plan: KernelPlan, constants: dict[str, np.ndarray],
                  layouts: dict[str, Layout], stored: dict[str, str],
                  cache_dir: str | Path | None = None, threads: int | None = None):
-        import numba
+        from .threads import resolve
         self.plan = plan
         self.constants = constants
         self.layouts = layouts
         self.stored = stored
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-        self.threads = threads if threads is not None else numba.get_num_threads()
+        self.threads = resolve(threads)
         self.synthetic: dict[Any, Tensor] = {}
         self.external = {layouts[ref].storage for ref in plan.outputs.values() if ref in layouts}
         self.stats = JitStats()
