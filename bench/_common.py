@@ -98,7 +98,7 @@ def parallel_copy(threads: int):
     import numpy as np
     from numba import njit, prange
 
-    from eqsat_fuse import kernels_numba as K
+    from eqsat_fuse.backends.numba import kernels as K
     tile = K.STREAM_TILE
 
     @njit(parallel=True, error_model="numpy")

@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import eqsat_fuse as ef  # noqa: E402
 from _common import exit_on_help  # noqa: E402
-from eqsat_fuse.calibrate import program_steps  # noqa: E402
-from eqsat_fuse.verify import random_feeds  # noqa: E402
+from eqsat_fuse.tools.calibrate import program_steps  # noqa: E402
+from eqsat_fuse.checking.verify import random_feeds  # noqa: E402
 
 
 def median_us(fn, repeat: int = 15, min_seconds: float = 0.02) -> float:

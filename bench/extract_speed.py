@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extract_models import bert, resnet  # noqa: E402
 from _common import exit_on_help  # noqa: E402
 
-from eqsat_fuse.costmodel import load_cost_model  # noqa: E402
-from eqsat_fuse.encode import encode  # noqa: E402
-from eqsat_fuse.extract import extract, roots_of  # noqa: E402
-from eqsat_fuse.importer import import_model  # noqa: E402
-from eqsat_fuse.saturate import saturate  # noqa: E402
-from eqsat_fuse.serialized import fill_missing_facts, read_egraph  # noqa: E402
+from eqsat_fuse.extraction.costmodel import load_cost_model  # noqa: E402
+from eqsat_fuse.frontend.encode import encode  # noqa: E402
+from eqsat_fuse.extraction.extract import extract, roots_of  # noqa: E402
+from eqsat_fuse.frontend.importer import import_model  # noqa: E402
+from eqsat_fuse.saturation.saturate import saturate  # noqa: E402
+from eqsat_fuse.saturation.serialized import fill_missing_facts, read_egraph  # noqa: E402
 
 
 def option(argv: list[str], name: str, default: int) -> int:

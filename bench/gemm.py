@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from _common import block_size, measure, ort_session  # noqa: E402
-from eqsat_fuse import packed_gemm as PG  # noqa: E402
+from eqsat_fuse.backends.numba import packed_gemm as PG  # noqa: E402
 
 SHAPES = [(128, 768, 768), (128, 768, 3072), (128, 3072, 768), (64, 256, 256)]
 

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import eqsat_fuse as ef  # noqa: E402
 from _common import (BUILTIN, block_size, family_of, geomean, load_model, measure,  # noqa: E402
                      median_seconds, ort_session)
-from eqsat_fuse.verify import random_feeds  # noqa: E402
+from eqsat_fuse.checking.verify import random_feeds  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

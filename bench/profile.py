@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 import eqsat_fuse as ef  # noqa: E402
 from _common import load_model, ort_session  # noqa: E402
-from eqsat_fuse.verify import random_feeds  # noqa: E402
+from eqsat_fuse.checking.verify import random_feeds  # noqa: E402
 
 
 def kernel_profile(compiled, feeds, repeat: int = 10) -> dict[str, tuple[float, int]]:

@@ -8,10 +8,10 @@
 
 from .errors import (CostModelError, EqsatFuseError, FeedError, LimitError, ModelError,
                      RuleFileError, RunError, VerificationError)
-from .limits import HardLimits
+from .saturation.limits import HardLimits
 from .pipeline import Compiled, compile
-from .saturate import Budgets
-from .rulecheck import check_rules
+from .saturation.saturate import Budgets
+from .checking.rulecheck import check_rules
 
 __all__ = ["compile", "Compiled", "Budgets", "EqsatFuseError", "ModelError", "RuleFileError",
            "CostModelError", "FeedError", "VerificationError", "check_rules", "HardLimits",

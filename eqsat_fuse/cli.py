@@ -17,8 +17,8 @@ import numpy as np
 
 from .errors import EqsatFuseError
 from .files import write_atomically  # noqa: F401  (also imported from here)
-from .limits import parse_hard_limits
-from .saturate import Budgets
+from .saturation.limits import parse_hard_limits
+from .saturation.saturate import Budgets
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -134,7 +134,7 @@ def cmd_optimize(args) -> int:
         if out.exists() and not args.force:
             raise EqsatFuseError(f"{out}: already exists; pass --force to replace it")
     if args.report:
-        from . import html_report
+        from .tools import html_report
 
         html_report.check_requirements()        # say what is missing before compiling, not after
         page = Path(args.report)
@@ -152,7 +152,7 @@ def cmd_optimize(args) -> int:
             print(_explain(report, facts=args.explain_facts))
             print(_explain_fusions(compiled))
     if args.output:
-        from .export import save_model
+        from .tools.export import save_model
 
         save_model(compiled.to_onnx(), args.output, force=args.force, protect=protect,
                    force_hint="--force")
@@ -212,7 +212,7 @@ def _explain_fusions(compiled) -> str:
 
 
 def cmd_calibrate(args) -> int:
-    from .calibrate import main as calibrate_main
+    from .tools.calibrate import main as calibrate_main
 
     return calibrate_main(args.output, args.force, quick=args.quick, base=args.base)
 
@@ -249,7 +249,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_rules_check(args) -> int:
-    from .rulecheck import check_rules
+    from .checking.rulecheck import check_rules
 
     progress = None
     if not args.json and not args.quiet:
@@ -274,7 +274,7 @@ def _rule_set(text: str) -> tuple[str, list[str]]:
 
 
 def cmd_compare(args) -> int:
-    from .compare import STRATEGIES, compare, print_progress
+    from .tools.compare import STRATEGIES, compare, print_progress
 
     rule_sets = {"shipped": []}
     for name, files in args.rule_set:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import numpy_ops as npo
+from .backends.numpy import ops as npo
 
 
 @dataclass(frozen=True)

@@ -13,21 +13,21 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from .costmodel import load_cost_model
-from .decode import decode
-from .encode import encode
+from .extraction.costmodel import load_cost_model
+from .lowering.decode import decode
+from .frontend.encode import encode
 from .errors import EqsatFuseError
-from .explain import shaping_rules
-from .extract import ExtractionContext, extract, roots_of
-from .importer import import_model, with_input_shapes
+from .tools.explain import shaping_rules
+from .extraction.extract import ExtractionContext, extract, roots_of
+from .frontend.importer import import_model, with_input_shapes
 from .ir import KernelPlan
-from .limits import HardLimits, saturate_in_child
-from .lower import Program, lower
-from .passes import saturate_by_passes
-from .report import KernelReport, Report
-from .saturate import Budgets, saturate
-from .serialized import fill_missing_facts, read_egraph
-from .verify import VerifyResult, compare, oracle_outputs, random_feeds
+from .saturation.limits import HardLimits, saturate_in_child
+from .lowering.lower import Program, lower
+from .saturation.passes import saturate_by_passes
+from .tools.report import KernelReport, Report
+from .saturation.saturate import Budgets, saturate
+from .saturation.serialized import fill_missing_facts, read_egraph
+from .checking.verify import VerifyResult, compare, oracle_outputs, random_feeds
 
 
 class Compiled:
@@ -73,7 +73,7 @@ class Compiled:
         `eqsat_fuse`, folded constants as initializers; see `export`), written to `path` when
         given: atomically, an existing file replaced only with `force`, never the model this
         was compiled from."""
-        from .export import export_model, save_model
+        from .tools.export import export_model, save_model
 
         model = export_model(self.program, self._source, opset=opset)
         if path is not None:
@@ -84,7 +84,7 @@ class Compiled:
     def report_html(self, path: str | Path, force: bool = False) -> Path:
         """Write the visual report (both graphs, kernel costs, memory plan, saturation) to one
         self-contained HTML file; an existing file is replaced only with `force`."""
-        from .html_report import write
+        from .tools.html_report import write
 
         return write(self, path, force=force,
                      protect=[self.source_path] if self.source_path else [])

@@ -1964,7 +1964,7 @@ def check_case(case: GraphCase, backend: str = "numpy", **compile_kwargs):
     `compiled.verify(case.feeds)`. Raises AssertionError (with the description, the verify
     summary and the model as text) when eqsat-fuse fails or differs; returns the `Compiled`."""
     import eqsat_fuse as ef
-    from eqsat_fuse.verify import oracle_outputs
+    from .checking.verify import oracle_outputs
 
     def fail(what: str, exc: BaseException | None = None):
         detail = f"{type(exc).__name__}: {exc}\n" if exc is not None else ""

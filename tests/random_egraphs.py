@@ -19,7 +19,7 @@ import itertools
 import random
 
 from eqsat_fuse.ops import OPS
-from eqsat_fuse.serialized import ENode, SerializedEGraph
+from eqsat_fuse.saturation.serialized import ENode, SerializedEGraph
 
 _ATTRS = {
     "Conv": ((0, 0, 0, 0), (1, 1), (1, 1), 1),

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from numba import njit
 
-from eqsat_fuse import approx
-from eqsat_fuse import kernels_numba as K
+from eqsat_fuse.backends.numba import approx
+from eqsat_fuse.backends.numba import kernels as K
 
 finite = st.floats(-100, 100, width=32, allow_nan=False, allow_infinity=False)
 inputs = arrays(np.float32, st.integers(1, 256), elements=finite)

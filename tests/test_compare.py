@@ -10,7 +10,7 @@ import pytest
 
 import eqsat_fuse as ef
 from eqsat_fuse.cli import main
-from eqsat_fuse.compare import STRATEGIES, compare
+from eqsat_fuse.tools.compare import STRATEGIES, compare
 from eqsat_fuse.resources import targets
 
 from conftest import MODELS_DIR

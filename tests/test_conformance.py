@@ -3,7 +3,7 @@
 The cases come from the `onnx` package itself (`onnx.backend.test.case.node.collect_testcases`,
 the generator of `onnx/backend/test/data/node/test_*`; the wheel does not ship the .pb files).
 Each case is compiled with `ef.compile(model)`, run on the case's inputs by every backend in
-`eqsat_fuse.lower.BACKENDS` (a backend added there is picked up here without an edit), and
+`eqsat_fuse.lowering.lower.BACKENDS` (a backend added there is picked up here without an edit), and
 compared with the case's expected outputs the way onnx's own backend runner compares them
 (same shape, same dtype, `assert_allclose` with the case's rtol/atol).
 
@@ -40,7 +40,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.lower import BACKENDS
+from eqsat_fuse.lowering.lower import BACKENDS
 from eqsat_fuse.ops import COVERED_ONNX_OPS
 
 # Cases left out: name -> (why, what the clear error says). Each is a real limitation.

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import eqsat_fuse as ef
-from eqsat_fuse.costmodel import load_cost_model
+from eqsat_fuse.extraction.costmodel import load_cost_model
 from eqsat_fuse.resources import cost_model_file, targets
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from eqsat_fuse.encode import constructor_sorts
+from eqsat_fuse.frontend.encode import constructor_sorts
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -91,7 +91,7 @@ def _needs(requirement_check, install: str) -> None:
 
 
 def test_tutorial_commands_do_what_the_page_says(tmp_path):
-    from eqsat_fuse import html_report
+    from eqsat_fuse.tools import html_report
 
     _needs(html_report.check_requirements, "the tutorial writes an HTML report")
     steps = tutorial_steps(TUTORIAL.read_text(encoding="utf-8"))

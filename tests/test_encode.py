@@ -6,8 +6,8 @@ import numpy as np
 from egglog import bindings
 from onnx import helper
 
-from eqsat_fuse.encode import constructor_sorts, encode
-from eqsat_fuse.importer import import_model
+from eqsat_fuse.frontend.encode import constructor_sorts, encode
+from eqsat_fuse.frontend.importer import import_model
 from eqsat_fuse.ops import OPS
 from eqsat_fuse.resources import data_dir
 

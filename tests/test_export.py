@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 import eqsat_fuse as ef
-from eqsat_fuse import export
+from eqsat_fuse.tools import export
 from eqsat_fuse.cli import main
 from eqsat_fuse.demo import demo_model
 from eqsat_fuse.ops import OPS
 from eqsat_fuse.testing import onnx_graphs
-from eqsat_fuse.verify import compare, oracle_outputs, random_feeds
+from eqsat_fuse.checking.verify import compare, oracle_outputs, random_feeds
 
 from conftest import MODELS_DIR
 

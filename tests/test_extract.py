@@ -7,12 +7,13 @@ import pytest
 from onnx import helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.costmodel import load_cost_model
-from eqsat_fuse.encode import encode
-from eqsat_fuse.extract import ExtractionError, constant_classes, extract, program_cost, roots_of
-from eqsat_fuse.importer import import_model
-from eqsat_fuse.saturate import saturate
-from eqsat_fuse.serialized import fill_missing_facts, read_egraph
+from eqsat_fuse.extraction.costmodel import load_cost_model
+from eqsat_fuse.frontend.encode import encode
+from eqsat_fuse.extraction.extract import (ExtractionError, constant_classes, extract, program_cost,
+                                           roots_of)
+from eqsat_fuse.frontend.importer import import_model
+from eqsat_fuse.saturation.saturate import saturate
+from eqsat_fuse.saturation.serialized import fill_missing_facts, read_egraph
 
 from conftest import MODELS_DIR, conv_bn_relu_model, make_model
 
@@ -118,7 +119,7 @@ def test_a_fused_elementwise_chain_is_illegal_on_edge_npu():
 
 
 def test_missing_facts_of_rule_made_contractions_and_lists_are_filled():
-    from eqsat_fuse.serialized import ENode, SerializedEGraph
+    from eqsat_fuse.saturation.serialized import ENode, SerializedEGraph
 
     nodes = [ENode("Input", 0, (), ("x",)), ENode("Const", 1, (), ("wa",)),
              ENode("Const", 2, (), ("wb",)), ENode("TNil", 3, (), ()),

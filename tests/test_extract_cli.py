@@ -12,7 +12,7 @@ import pytest
 
 import eqsat_fuse as ef
 from eqsat_fuse.cli import main
-from eqsat_fuse.costmodel import load_cost_model
+from eqsat_fuse.extraction.costmodel import load_cost_model
 
 from conftest import MODELS_DIR
 

@@ -10,12 +10,12 @@ import pytest
 from onnx import helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.costmodel import load_cost_model
-from eqsat_fuse.encode import encode
-from eqsat_fuse.extract import extract, program_cost, roots_of
-from eqsat_fuse.importer import import_model
-from eqsat_fuse.saturate import saturate
-from eqsat_fuse.serialized import fill_missing_facts, read_egraph
+from eqsat_fuse.extraction.costmodel import load_cost_model
+from eqsat_fuse.frontend.encode import encode
+from eqsat_fuse.extraction.extract import extract, program_cost, roots_of
+from eqsat_fuse.frontend.importer import import_model
+from eqsat_fuse.saturation.saturate import saturate
+from eqsat_fuse.saturation.serialized import fill_missing_facts, read_egraph
 
 from conftest import MODELS_DIR, make_model, real_models
 from random_egraphs import random_egraph
@@ -75,8 +75,8 @@ def test_random_egraph_sweep(block):
     """The random cross-checks of test_extractors over 300 seeded e-graphs: every answer's cost
     is its program cost, the ILP equals brute force, and the ILP objective of random choices
     (valid or not) agrees with program_cost."""
-    from eqsat_fuse.extract import ExtractionError, constant_classes
-    from eqsat_fuse.ilp import IlpExtractor
+    from eqsat_fuse.extraction.extract import ExtractionError, constant_classes
+    from eqsat_fuse.extraction.ilp import IlpExtractor
     from random_egraphs import all_choices
     from test_extractors import CASES, TARGETS, brute_force, run, same
 
@@ -114,7 +114,7 @@ def test_random_egraph_sweep(block):
 
 @pytest.mark.slow
 def test_ilp_equals_program_cost_on_larger_random_egraphs():
-    from eqsat_fuse.ilp import IlpExtractor
+    from eqsat_fuse.extraction.ilp import IlpExtractor
     for seed in range(40):
         eg, roots = random_egraph(random.Random(seed), 14)
         for target in ("cpu", "edge-npu"):

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from eqsat_fuse.costmodel import load_cost_model
-from eqsat_fuse.extract import (EXTRACTORS, ExtractionError, Pricing, constant_classes, extract,
-                                program_cost)
-from eqsat_fuse.ilp import IlpExtractor
+from eqsat_fuse.extraction.costmodel import load_cost_model
+from eqsat_fuse.extraction.extract import (EXTRACTORS, ExtractionError, Pricing, constant_classes,
+                                           extract, program_cost)
+from eqsat_fuse.extraction.ilp import IlpExtractor
 
 from random_egraphs import all_choices, random_egraph
 

@@ -25,11 +25,11 @@ from onnx import TensorProto, helper, numpy_helper
 import eqsat_fuse as ef
 from eqsat_fuse.cli import main
 from eqsat_fuse.files import write_atomically
-from eqsat_fuse.costmodel import load_cost_model
-from eqsat_fuse.importer import MAX_INPUTS, import_model
-from eqsat_fuse.lower import BACKENDS
+from eqsat_fuse.extraction.costmodel import load_cost_model
+from eqsat_fuse.frontend.importer import MAX_INPUTS, import_model
+from eqsat_fuse.lowering.lower import BACKENDS
 from eqsat_fuse.resources import cost_model_file
-from eqsat_fuse.saturate import RuleProgram
+from eqsat_fuse.saturation.saturate import RuleProgram
 
 from conftest import MODELS_DIR, conv_bn_relu_model, make_model
 
@@ -509,7 +509,7 @@ def test_a_rule_nested_absurdly_deep_is_refused_without_a_crash(tmp_path):
                     ' x :ruleset fuse :name "deep")\n')
     proc = run_python(f"""
         import eqsat_fuse as ef
-        from eqsat_fuse.saturate import RuleProgram
+        from eqsat_fuse.saturation.saturate import RuleProgram
         try:
             RuleProgram([{str(path)!r}])
         except ef.RuleFileError as exc:

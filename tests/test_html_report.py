@@ -30,7 +30,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import eqsat_fuse as ef
-from eqsat_fuse import cli, html_report
+from eqsat_fuse import cli
+from eqsat_fuse.tools import html_report
 from eqsat_fuse.demo import demo_model
 
 from conftest import conv_bn_relu_model, make_model

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.importer import CANONICAL_OPSET, import_model
+from eqsat_fuse.frontend.importer import CANONICAL_OPSET, import_model
 
 from conftest import MODELS_DIR, make_model
 

@@ -1,4 +1,5 @@
-"""Hard limits: saturation in a child process with a memory cap and a deadline (eqsat_fuse.limits).
+"""Hard limits: saturation in a child process with a memory cap and a deadline
+(eqsat_fuse.saturation.limits).
 
 A pathological rule set must end with a clear outcome — the program of the last completed
 iteration, or a `LimitError` naming the limit — never with this process killed for memory.
@@ -16,7 +17,7 @@ import pytest
 from onnx import helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.limits import HardLimits, parse_hard_limits
+from eqsat_fuse.saturation.limits import HardLimits, parse_hard_limits
 
 from conftest import conv_bn_relu_model, make_model
 

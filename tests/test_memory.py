@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.memory import lower_bound, place
+from eqsat_fuse.lowering.memory import lower_bound, place
 
 from conftest import MODELS_DIR, make_model, real_models
 

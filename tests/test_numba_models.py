@@ -13,7 +13,7 @@ import pytest
 from onnx import helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.verify import random_feeds
+from eqsat_fuse.checking.verify import random_feeds
 
 from conftest import MODELS_DIR, compile_in_two_processes, make_model, real_models
 
@@ -139,6 +139,6 @@ def test_an_edited_cache_file_is_rewritten_not_run(tmp_path):
 
 
 def test_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):
-    from eqsat_fuse.backend_numba import default_cache_dir
+    from eqsat_fuse.backends.numba.backend import default_cache_dir
     monkeypatch.setenv("EQSAT_FUSE_CACHE_DIR", str(tmp_path / "k"))
     assert default_cache_dir() == tmp_path / "k"

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 import eqsat_fuse as ef
 from eqsat_fuse.errors import FeedError
-from eqsat_fuse.verify import random_feeds
+from eqsat_fuse.checking.verify import random_feeds
 
 from conftest import make_model
 
@@ -80,7 +80,7 @@ _CONVS = [
 def test_convolutions_match_onnxruntime(cfg, packed, kernel_cache, rng, monkeypatch):
     # packed: the AVX-512 microkernel over row offsets of the input (where the CPU has it);
     # blas: the paths of other CPUs (im2col, shifted GEMMs, 1x1 straight from the planes)
-    from eqsat_fuse import backend_numba
+    from eqsat_fuse.backends.numba import backend as backend_numba
     if packed and not backend_numba.PG.AVAILABLE:
         pytest.skip("the packed convolution needs AVX-512")
     monkeypatch.setattr(backend_numba, "PACKED_CONV", packed)
@@ -92,7 +92,7 @@ def _sources(folder) -> str:
 
 
 def test_shifted_gemm_conv_is_used_for_wide_planes(tmp_path, rng, monkeypatch):
-    from eqsat_fuse import backend_numba
+    from eqsat_fuse.backends.numba import backend as backend_numba
     monkeypatch.setattr(backend_numba, "PACKED_CONV", False)
     _check(_compile(_conv_model(rng, size=40), tmp_path))
     assert "K.pad_planes" in _sources(tmp_path)
@@ -100,7 +100,7 @@ def test_shifted_gemm_conv_is_used_for_wide_planes(tmp_path, rng, monkeypatch):
 
 @pytest.mark.parametrize("k, direct", [(3, False), (1, True)])
 def test_packed_conv_is_used_on_avx512(k, direct, tmp_path, rng):
-    from eqsat_fuse import backend_numba
+    from eqsat_fuse.backends.numba import backend as backend_numba
     if not backend_numba.PG.AVAILABLE:
         pytest.skip("the packed convolution needs AVX-512")
     pads = (k // 2,) * 4

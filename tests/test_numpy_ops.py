@@ -1,4 +1,5 @@
-"""eqsat_fuse.numpy_ops checked against onnxruntime, one single-node opset-21 model per case."""
+"""eqsat_fuse.backends.numpy.ops checked against onnxruntime, one single-node opset-21 model per
+case."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import helper
 
-from eqsat_fuse import numpy_ops as F
+from eqsat_fuse.backends.numpy import ops as F
 
 ort.set_default_logger_severity(3)  # ONNX shape inference disagrees with ORT on ceil-mode pools
 

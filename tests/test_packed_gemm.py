@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 import eqsat_fuse as ef
-from eqsat_fuse import packed_gemm as PG
+from eqsat_fuse.backends.numba import packed_gemm as PG
 
 from conftest import compile_in_two_processes, make_model
 

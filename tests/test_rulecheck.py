@@ -17,10 +17,10 @@ import pytest
 
 import eqsat_fuse as ef
 from eqsat_fuse.resources import rule_files
-from eqsat_fuse.rulecheck import (Call, Eq, Lit, Var, check_rules, fold_constants, match,
-                                  parse_rule_files, substitute)
+from eqsat_fuse.checking.rulecheck import (Call, Eq, Lit, Var, check_rules, fold_constants, match,
+                                           parse_rule_files, substitute)
 from eqsat_fuse.resources import all_target_rule_files
-from eqsat_fuse.saturate import RuleProgram
+from eqsat_fuse.saturation.saturate import RuleProgram
 
 ROOT = Path(__file__).resolve().parent.parent
 WRONG = Path(__file__).resolve().parent / "rules_wrong"

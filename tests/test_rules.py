@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.saturate import RuleProgram
+from eqsat_fuse.saturation.saturate import RuleProgram
 
 from conftest import make_model
 

@@ -58,7 +58,7 @@ def test_memory_plan_peak_is_between_the_lower_bound_and_separate_allocation():
 
 
 def test_verify_reports_relative_error_over_elements_above_atol():
-    from eqsat_fuse.verify import compare
+    from eqsat_fuse.checking.verify import compare
     want = np.array([1e-6, 2.0, -4.0], np.float32)
     got = np.array([0.0, 2.002, -4.0], np.float32)       # 1e-3 relative on 2.0: within rtol
     result = compare({"y": got}, {"y": want}, "test")

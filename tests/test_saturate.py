@@ -7,9 +7,9 @@ import pytest
 from onnx import helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.encode import encode
-from eqsat_fuse.importer import import_model
-from eqsat_fuse.saturate import Budgets, RuleProgram, saturate
+from eqsat_fuse.frontend.encode import encode
+from eqsat_fuse.frontend.importer import import_model
+from eqsat_fuse.saturation.saturate import Budgets, RuleProgram, saturate
 
 from conftest import MODELS_DIR, conv_bn_relu_model, make_model
 

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 import eqsat_fuse as ef
-from eqsat_fuse.costmodel import load_cost_model
+from eqsat_fuse.extraction.costmodel import load_cost_model
 
 from conftest import make_model
 

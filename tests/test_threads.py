@@ -11,7 +11,7 @@ import threadpoolctl
 from onnx import helper
 
 import eqsat_fuse as ef
-from eqsat_fuse import packed_gemm as PG
+from eqsat_fuse.backends.numba import packed_gemm as PG
 from eqsat_fuse.errors import EqsatFuseError
 from eqsat_fuse.threads import resolve
 

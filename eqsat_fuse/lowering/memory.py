@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .ir import Kernel, KernelPlan
+from ..ir import Kernel, KernelPlan
 
 ALIGN = 64          # bytes: a cache line, and a full AVX-512 vector
 

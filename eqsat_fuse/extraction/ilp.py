@@ -51,8 +51,8 @@ from .costmodel import CostModel
 from .extract import (Extraction, ExtractionError, GreedyDagExtractor, Pricing, choice_from,
                       duplicate_nodes, finish, inline_legal, is_anchor, maybe_inline_legal,
                       strongly_connected)
-from .ops import OPS
-from .serialized import SerializedEGraph
+from ..ops import OPS
+from ..saturation.serialized import SerializedEGraph
 
 _BOUNDARY_OPS = ("Mat", "Input")
 

@@ -31,9 +31,9 @@ from typing import Callable
 
 import numpy as np
 
-from .costmodel import load_cost_model
-from .errors import EqsatFuseError
-from .ops import evaluate
+from ..extraction.costmodel import load_cost_model
+from ..errors import EqsatFuseError
+from ..ops import evaluate
 
 
 def _time(fn: Callable[[], object], repeat: int, number: int = 1) -> float:
@@ -212,7 +212,7 @@ class Calibration:
     def launch(self) -> None:
         from onnx import TensorProto, helper
 
-        from .pipeline import compile as compile_model
+        from ..pipeline import compile as compile_model
 
         def program(ops: list[str]):
             outputs = [f"y{i}" for i in range(len(ops))]
@@ -382,7 +382,7 @@ def calibrate(quick: bool = False, base: str | Path | None = None,
               output: str | Path | None = None) -> str:
     """Run the micro-benchmarks and return the text of a cost file (checked by loading it),
     named after `output` (the file it is for) and this machine (`target_name`)."""
-    from .resources import cost_model_file
+    from ..resources import cost_model_file
 
     base_path = Path(base) if base else cost_model_file("cpu")
     if not base_path.is_file():
@@ -407,7 +407,7 @@ def _check(text: str) -> None:
 
 def main(output: str, force: bool, quick: bool = False, base: str | None = None) -> int:
     """The CLI command: measure, then write `output` atomically (only with --force over a file)."""
-    from .files import write_atomically
+    from ..files import write_atomically
 
     path = Path(output)
     if path.exists() and not force:

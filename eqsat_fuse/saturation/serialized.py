@@ -14,7 +14,7 @@ from typing import Any
 
 from egglog import bindings
 
-from .encode import constructor_sorts
+from ..frontend.encode import constructor_sorts
 
 TERM_SORTS = ("T", "TList")
 
@@ -208,7 +208,7 @@ def fill_missing_facts(eg: SerializedEGraph) -> None:
     Only forms whose result follows from their children alone: Mat, elementwise ops
     (broadcasting), literals, Cast and the views that carry their output shape.
     """
-    from .ops import OPS
+    from ..ops import OPS
 
     changed = True
     while changed:

@@ -29,11 +29,11 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .errors import EqsatFuseError
-from .files import write_atomically
+from ..errors import EqsatFuseError
+from ..files import write_atomically
 
 if TYPE_CHECKING:
-    from .pipeline import Compiled
+    from ..pipeline import Compiled
 
 MAX_GRAPH_NODES = 4000      # pictures with more nodes than this are not drawn (dot gets slow)
 MAX_LABEL = 32              # characters of a name shown in a graph label (all of it in tooltips)
@@ -644,7 +644,7 @@ def _si(n: float) -> str:
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

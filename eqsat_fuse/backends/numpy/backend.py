@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .ir import BodyNode, Kernel, KernelPlan, Operand
-from .ops import evaluate
-from .reference import NodeRunner
+from ...ir import BodyNode, Kernel, KernelPlan, Operand
+from ...ops import evaluate
+from ..reference import NodeRunner
 
 
 def evaluate_body(body: list[BodyNode], operand_value: Callable[[Operand], Any],

@@ -29,11 +29,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from .errors import ModelError
-from .ir import Graph, Node, TensorInfo
-from .ops import OPS
-from .numpy_ops import _pool_out_size
-from .reference import run_node
+from ..errors import ModelError
+from ..ir import Graph, Node, TensorInfo
+from ..ops import OPS
+from ..backends.numpy.ops import _pool_out_size
+from ..backends.reference import run_node
 
 CANONICAL_OPSET = 21
 

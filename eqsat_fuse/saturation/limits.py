@@ -5,8 +5,8 @@ so one explosive iteration can still take all the memory of the machine: egglog 
 whole process ("memory allocation of N bytes failed"), or the kernel kills it. With hard limits
 the model is loaded into an e-graph and saturated in a child process instead:
 
-- the child (`python -m eqsat_fuse.limits`, started with `subprocess`, so a user's script is never
-  re-imported) caps its address space with RLIMIT_AS at its size after start-up plus
+- the child (`python -m eqsat_fuse.saturation.limits`, started with `subprocess`, so a user's
+  script is never re-imported) caps its address space with RLIMIT_AS at its size after start-up plus
   `memory_mb`, and the parent kills it when `seconds` of wall time have passed;
 - after loading the model and after every completed iteration the child sends a snapshot: the
   e-graph's JSON export (egglog's `serialize([]).to_json()`, what `serialized.parse_export`
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import EqsatFuseError, LimitError, RuleFileError
+from ..errors import EqsatFuseError, LimitError, RuleFileError
 from .saturate import Budgets, RuleInfo, SaturationReport
 
 _FRAME = struct.Struct(">Q")
@@ -123,11 +123,11 @@ def saturate_in_child(encoding, user_rules: list[str | Path] | None, budgets: Bu
     env = dict(os.environ, MALLOC_ARENA_MAX="2", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
                RUST_BACKTRACE="0", PYTHONFAULTHANDLER="")
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parent.parent), *filter(None, [env.get("PYTHONPATH")])])
+        [str(Path(__file__).resolve().parents[2]), *filter(None, [env.get("PYTHONPATH")])])
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "eqsat_fuse.limits"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "eqsat_fuse.saturation.limits"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, start_new_session=True)
     reader = _Reader(proc.stdout, budgets.nodes)
     errors: list[bytes] = []
     err_thread = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
@@ -255,7 +255,7 @@ def _report_from(data: dict) -> SaturationReport:
 
 
 def _error_from(message: dict) -> EqsatFuseError:
-    from . import errors
+    from .. import errors
 
     cls = getattr(errors, message["class"], EqsatFuseError)
     if not (isinstance(cls, type) and issubclass(cls, EqsatFuseError)):

@@ -7,12 +7,12 @@ Classes whose terms use constants only become `ConstExpr`s, which lowering folds
 
 from __future__ import annotations
 
-from .encode import Encoding
-from .errors import EqsatFuseError
-from .extract import Extraction
-from .ir import BodyNode, ConstExpr, Graph, Kernel, KernelPlan, Operand, TensorInfo
-from .ops import OPS
-from .serialized import SerializedEGraph
+from ..frontend.encode import Encoding
+from ..errors import EqsatFuseError
+from ..extraction.extract import Extraction
+from ..ir import BodyNode, ConstExpr, Graph, Kernel, KernelPlan, Operand, TensorInfo
+from ..ops import OPS
+from ..saturation.serialized import SerializedEGraph
 
 
 def decode(eg: SerializedEGraph, extraction: Extraction, encoding: Encoding,

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .costmodel import CostModel
-from .encode import Encoding, encode_choice
-from .extract import extract, roots_of
-from .ir import Graph
+from ..extraction.costmodel import CostModel
+from ..frontend.encode import Encoding, encode_choice
+from ..extraction.extract import extract, roots_of
+from ..ir import Graph
 from .saturate import Budgets, RuleProgram, SaturationReport
 from .serialized import fill_missing_facts, read_egraph
 
@@ -27,7 +27,7 @@ _LEAVES = {"Mat", "Const", "Input"}
 def _fused_term(pattern, sorts: dict) -> str | None:
     """The first subterm of `pattern` that holds an operator inline in another, with no Mat
     between ("(Relu (Relu x))"): a fused term, which the encoder never writes."""
-    from .rulecheck import Call
+    from ..checking.rulecheck import Call
 
     if not isinstance(pattern, Call):
         return None
@@ -45,8 +45,8 @@ def _fused_term(pattern, sorts: dict) -> str | None:
 def unreachable_rules(user_rules: list[str | Path] | None, matches: dict[str, int]) -> list[str]:
     """One line per user rule that matched nothing under the pass pipeline because its pattern
     needs fused terms, which a pass sees only where an earlier pass committed that fusion."""
-    from .encode import constructor_sorts
-    from .rulecheck import parse_rule_files
+    from ..frontend.encode import constructor_sorts
+    from ..checking.rulecheck import parse_rule_files
 
     if not user_rules:
         return []

@@ -18,9 +18,9 @@ import math
 from functools import cache
 from pathlib import Path
 
-from .encode import Encoding, constructor_sorts
-from .rulecheck import Call, Lit, Pattern, Rule, Var, parse_rule_files
-from .serialized import SerializedEGraph
+from ..frontend.encode import Encoding, constructor_sorts
+from ..checking.rulecheck import Call, Lit, Pattern, Rule, Var, parse_rule_files
+from ..saturation.serialized import SerializedEGraph
 
 _TERM_SORTS = ("T", "TList")
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from egglog import bindings
 
-from .encode import Encoding
-from .errors import EqsatFuseError, RuleFileError
-from .resources import rule_files, schedule_file, target_rule_files
+from ..frontend.encode import Encoding
+from ..errors import EqsatFuseError, RuleFileError
+from ..resources import rule_files, schedule_file, target_rule_files
 
 # Commands a user's rule file may contain. Everything else (include, input, output, extract,
 # run-schedule, push/pop, new sorts or constructors...) is refused before the file runs.

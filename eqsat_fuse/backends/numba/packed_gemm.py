@@ -33,7 +33,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels_numba import WIDE_VECTORS
+from .kernels import WIDE_VECTORS
 
 U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
 

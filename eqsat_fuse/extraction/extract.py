@@ -39,9 +39,9 @@ from typing import Any, Iterable
 import numpy as np
 
 from .costmodel import CostModel, Prices, nbytes, node_flops
-from .errors import EqsatFuseError
-from .ops import OPS
-from .serialized import ENode, SerializedEGraph
+from ..errors import EqsatFuseError
+from ..ops import OPS
+from ..saturation.serialized import ENode, SerializedEGraph
 
 EPS = 1e-6           # price of one inline node, in the objective's unit: ties go to smaller programs
 EPS_US = EPS         # the name earlier versions used

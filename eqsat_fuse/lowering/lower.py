@@ -26,13 +26,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .backend_numpy import OpaqueNodes, evaluate_body, make_step
-from .errors import EqsatFuseError, FeedError, RunError
-from .ir import BodyNode, Kernel, KernelPlan, Operand
+from ..backends.numpy.backend import OpaqueNodes, evaluate_body, make_step
+from ..errors import EqsatFuseError, FeedError, RunError
+from ..ir import BodyNode, Kernel, KernelPlan, Operand
 from .layout import Layout, view_layouts
 from .memory import ALIGN, MemoryPlan, plan_memory, view_roots
-from .ops import OPS
-from .threads import governed, resolve as resolve_threads
+from ..ops import OPS
+from ..threads import governed, resolve as resolve_threads
 
 BACKENDS = ("numpy", "numba")
 STORAGE_DTYPES = ("float32", "float16")
@@ -378,7 +378,7 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
                            threads=threads)
     numba_backend = None
     if backend == "numba":
-        from .backend_numba import NumbaBackend
+        from ..backends.numba.backend import NumbaBackend
         numba_backend = NumbaBackend(plan, constants, layouts, stored, cache_dir, threads)
 
     # one implementation per step: generated code, or the NumPy evaluation
@@ -394,7 +394,7 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
             continue
         ops = {OPS[n.op].kind for n in kernel.body if n.op in OPS}
         if numba_backend is not None:
-            from .backend_numba import Unsupported
+            from ..backends.numba.backend import Unsupported
             movement = kernel.output in copies or "movement" in ops
             try:
                 impl = numba_backend.prepare(kernel)
@@ -640,7 +640,7 @@ class _NumbaBinder:
         return ("arena", self.memory.offsets[storage], size, self._as_stored(dtype))
 
     def call(self, impl, kernel: Kernel, step: int):
-        from .backend_numba import KernelCall
+        from ..backends.numba.backend import KernelCall
         args = [self._storage(self.backend.layouts[kernel.output].storage)]
         for spec in impl.args:
             args.append(self._storage(spec[1]) if spec[0] == "storage" else self._const(spec[1]))

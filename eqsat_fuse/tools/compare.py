@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .errors import EqsatFuseError
+from ..errors import EqsatFuseError
 
 STRATEGIES: dict[str, dict[str, Any]] = {
     "none": {"strategy": "eqsat", "extractor": "greedy-dag", "iterations": 0},
@@ -71,9 +71,9 @@ class Cell:
 def run_cell(cell: dict, rule_files: list[str], backend: str = "numpy", repeats: int = 10,
              seed: int = 0, ilp_seconds: float = 30.0) -> dict:
     """Compile, verify and time one cell; a row of results (errors are recorded, not raised)."""
-    from .pipeline import compile as compile_model
-    from .saturate import Budgets
-    from .verify import random_feeds
+    from ..pipeline import compile as compile_model
+    from ..saturation.saturate import Budgets
+    from ..checking.verify import random_feeds
 
     cell = Cell(**cell)
     row: dict[str, Any] = {"model": Path(cell.model).name, "strategy": cell.strategy,
@@ -118,7 +118,7 @@ def run_cell(cell: dict, rule_files: list[str], backend: str = "numpy", repeats:
 def plan_cells(models: Iterable[str], strategies: Iterable[str], targets: Iterable[str],
                rule_sets: dict[str, list[str]]) -> list[Cell]:
     """Every cell of the sweep, checking names first (a typo fails before any work)."""
-    from .costmodel import load_cost_model
+    from ..extraction.costmodel import load_cost_model
 
     strategies, targets = list(strategies), list(targets)
     unknown = [s for s in strategies if s not in STRATEGIES]

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CostModelError
-from .ops import OPS
-from .resources import cost_model_file, targets
+from ..errors import CostModelError
+from ..ops import OPS
+from ..resources import cost_model_file, targets
 
 # Every key a cost file has, by table: key -> (type, required, description). A table listed in
 # OPTIONAL_TABLES may be left out; when it is present, its required keys are required.

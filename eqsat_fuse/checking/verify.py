@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .ir import TensorInfo
+from ..ir import TensorInfo
 
 # (rtol, atol) by output dtype; integer and boolean outputs must match exactly.
 TOLERANCES: dict[str, tuple[float, float]] = {

@@ -16,9 +16,9 @@ from functools import cache
 
 from egglog import bindings
 
-from .ir import Graph, Node, TensorInfo
-from .ops import OPS
-from .resources import data_dir
+from ..ir import Graph, Node, TensorInfo
+from ..ops import OPS
+from ..resources import data_dir
 
 _SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]{0,80}")
 

@@ -62,9 +62,9 @@ from typing import Any, Callable, Iterable, Union
 import numpy as np
 from egglog import bindings
 
-from .errors import EqsatFuseError, RuleFileError
-from .ops import OPS
-from .ops import evaluate as _evaluate_op
+from ..errors import EqsatFuseError, RuleFileError
+from ..ops import OPS
+from ..ops import evaluate as _evaluate_op
 
 __all__ = ["Var", "Lit", "Call", "Pattern", "Eq", "Check", "Condition", "Rule",
            "parse_rule_files", "variables", "substitute", "match", "fold_constants",
@@ -262,7 +262,7 @@ def _read(path: Path) -> str:
 
 
 def _parse_commands(text: str, path: Path):
-    from .saturate import _rule_file_error
+    from ..saturation.saturate import _rule_file_error
 
     try:
         return bindings.EGraph().parse_program(text, filename=str(path))
@@ -286,7 +286,7 @@ def _declarations(paths: Iterable[str | Path]) -> _Decls:
 
 
 def _lang_constructors() -> set[str]:
-    from .encode import constructor_sorts
+    from ..frontend.encode import constructor_sorts
 
     return set(constructor_sorts())
 
@@ -2618,8 +2618,8 @@ def check_rules(files: Iterable[str | Path] | None = None, examples: int = 50, s
     except ImportError:
         raise EqsatFuseError("the rule checker needs hypothesis, a dependency of eqsat-fuse "
                              "that is missing here: pip install hypothesis") from None
-    from .resources import all_target_rule_files, rule_files
-    from .saturate import RuleProgram
+    from ..resources import all_target_rule_files, rule_files
+    from ..saturation.saturate import RuleProgram
 
     if examples < 1:
         raise EqsatFuseError(f"examples must be at least 1, got {examples}")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ir import BodyNode, KernelPlan
-from .ops import OPS, evaluate
+from ..ir import BodyNode, KernelPlan
+from ..ops import OPS, evaluate
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 

@@ -40,12 +40,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .errors import EqsatFuseError
-from .files import write_atomically
-from .importer import CANONICAL_OPSET
-from .lower import contiguous
-from .ir import BodyNode, Kernel, Operand, TensorInfo
-from .ops import OPS
+from ..errors import EqsatFuseError
+from ..files import write_atomically
+from ..frontend.importer import CANONICAL_OPSET
+from ..lowering.lower import contiguous
+from ..ir import BodyNode, Kernel, Operand, TensorInfo
+from ..ops import OPS
 
 EXPORT_DOMAIN = "eqsat_fuse"
 MIN_OPSET = 18              # ReduceMean takes its axes as an input from opset 18 on
@@ -326,7 +326,7 @@ class _Exporter:
         if self.functions:
             opsets.append(helper.make_opsetid(EXPORT_DOMAIN, 1))
         ir_version = max(8, helper.find_min_ir_version_for(opsets[:1], ignore_unknown=True))
-        from . import __version__
+        from .. import __version__
 
         functions = list(self.functions.values())
         for function in functions:

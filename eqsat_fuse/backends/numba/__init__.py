@@ -1,0 +1,1 @@
+"""The Numba backend: generated, JIT-compiled fused kernels and their runtime helpers."""

@@ -1,0 +1,1 @@
+"""The NumPy backend: reference kernels per operator and fused bodies run op by op."""

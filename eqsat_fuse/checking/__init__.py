@@ -1,0 +1,1 @@
+"""Trust: the rule soundness checker and the verification of compiled programs."""

@@ -1,0 +1,1 @@
+"""Stage 1: an ONNX file read, checked and encoded as egglog terms."""

@@ -1,0 +1,1 @@
+"""Research and reporting tools built on the compiler: reports, explain, compare, calibrate, export."""
