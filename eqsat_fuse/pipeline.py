@@ -192,7 +192,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         extraction=dict(extraction.details, seconds=extraction.seconds),
         nodes_added_by_conversion=graph.nodes_added_by_conversion,
         rulesets={name: info.ruleset for name, info in saturation.rules.items()},
-        notes=list(saturation.notes))
+        notes=list(saturation.notes),
+        saturation_iterations=[record.as_dict() for record in saturation.per_iteration])
     # for --explain: each fusion is re-extracted, so one ILP run gets at most 10 s there
     context = ExtractionContext(serialized, extraction, cost_model,
                                 {"seconds": min(ilp_seconds, 10.0)})

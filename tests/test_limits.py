@@ -67,6 +67,9 @@ def test_memory_limit_ends_with_the_last_completed_iteration(explosive):
     assert report.stop_reason == "hard memory limit"
     assert report.iterations >= 1 and report.egraph_nodes > 0
     assert report.matches_per_rule.get("user-add-comm", 0) > 0
+    # the iterations the child finished are recorded one by one, up to the one extracted
+    assert [r["iteration"] for r in report.saturation_iterations] == \
+        list(range(1, report.iterations + 1))
     assert compiled.verify().ok
 
 
@@ -91,6 +94,9 @@ def test_an_iteration_that_overshoots_the_node_budget_is_not_extracted(explosive
                           hard_limits=HardLimits(memory_mb=2048, seconds=600))
     assert compiled.report.stop_reason == "node budget"
     assert compiled.report.egraph_nodes <= 5000
+    records = compiled.report.saturation_iterations
+    assert len(records) == compiled.report.iterations
+    assert records[-1]["egraph_nodes"] == compiled.report.egraph_nodes
     assert compiled.verify().ok
 
 

@@ -1,6 +1,8 @@
-"""Stage 3, saturate: rule files, budgets, stop reasons and what fired."""
+"""Stage 2, saturate: rule files, budgets, stop reasons and what fired."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from onnx import helper
 import eqsat_fuse as ef
 from eqsat_fuse.frontend.encode import encode
 from eqsat_fuse.frontend.importer import import_model
-from eqsat_fuse.saturation.saturate import Budgets, RuleProgram, saturate
+from eqsat_fuse.saturation.saturate import Budgets, RuleProgram, StopReason, saturate
 
 from conftest import MODELS_DIR, conv_bn_relu_model, make_model
 
@@ -105,3 +107,34 @@ def test_forbidden_commands_are_refused_before_anything_runs(tmp_path):
 def test_missing_rule_file_is_reported(tmp_path):
     with pytest.raises(ef.RuleFileError, match="cannot read"):
         RuleProgram([tmp_path / "nope.egg"])
+
+
+def test_each_iteration_is_recorded_like_eggs_runner(rng):
+    compiled = ef.compile(conv_bn_relu_model(rng))
+    report = compiled.report
+    records = report.saturation_iterations
+    assert [r["iteration"] for r in records] == list(range(1, report.iterations + 1))
+    # the per-iteration matches add up to the per-rule totals, the last size is the e-graph's
+    assert sum(r["matches"] for r in records) == sum(report.matches_per_rule.values())
+    assert records[-1]["egraph_nodes"] == report.egraph_nodes
+    assert records[0]["rules_matched"] > 0 and all(r["seconds"] >= 0 for r in records)
+    # saturated: the last iteration added nothing to the e-graph
+    assert report.stop_reason is StopReason.SATURATED
+    assert len(records) >= 2 and records[-1]["egraph_nodes"] == records[-2]["egraph_nodes"]
+    assert json.loads(json.dumps(report.as_dict()))["stop_reason"] == "saturated"
+
+
+def test_no_iteration_budget_says_not_run():
+    compiled = ef.compile(chain_model(4), budgets=Budgets(iterations=0))
+    assert compiled.report.stop_reason == StopReason.NOT_RUN == "not run"
+    assert compiled.report.saturation_iterations == [] and compiled.report.iterations == 0
+    assert compiled.verify().ok
+
+
+def test_the_passes_strategy_records_one_entry_per_round(rng):
+    report = ef.compile(conv_bn_relu_model(rng), strategy="passes").report
+    assert report.stop_reason in (StopReason.PASSES_CONVERGED, StopReason.ITERATION_BUDGET)
+    assert [r["iteration"] for r in report.saturation_iterations] == \
+        list(range(1, report.iterations + 1))
+    assert sum(r["matches"] for r in report.saturation_iterations) == \
+        sum(report.matches_per_rule.values())

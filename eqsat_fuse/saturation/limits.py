@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EqsatFuseError, LimitError, RuleFileError
-from .saturate import Budgets, RuleInfo, SaturationReport
+from .saturate import (Budgets, IterationRecord, RuleInfo, SaturationReport, StopReason,
+                       iteration_record)
 
 _FRAME = struct.Struct(">Q")
 _MEMORY_SIGNS = ("memory allocation of", "MemoryError", "Cannot allocate memory", "out of memory",
@@ -161,8 +162,8 @@ def saturate_in_child(encoding, user_rules: list[str | Path] | None, budgets: Bu
         if (report.egraph_nodes > budgets.nodes and snapshot is not None
                 and snapshot[0]["nodes"] <= budgets.nodes):
             # the last iteration overshot the e-node budget: extract the one before it
-            return _from_snapshot(snapshot, "node budget", report.seconds, report.rule_files,
-                                  report.rules)
+            return _from_snapshot(snapshot, StopReason.NODE_BUDGET, report.seconds,
+                                  report.rule_files, report.rules)
         return ExportedEGraph(final[1]), report
     if final is not None and final[0]["kind"] == "error":
         raise _error_from(final[0])
@@ -192,15 +193,18 @@ def _fall_back(which: str, snapshot, limits: HardLimits, budgets: Budgets, secon
         raise LimitError(
             f"saturation hit the {limit} before the model was loaded into the e-graph; raise it "
             f"(--hard-limits memory_mb=...,seconds=... on the command line)")
-    return _from_snapshot(snapshot, f"hard {which} limit", seconds)
+    return _from_snapshot(snapshot, StopReason.HARD_MEMORY_LIMIT if which == "memory"
+                          else StopReason.HARD_TIME_LIMIT, seconds)
 
 
-def _from_snapshot(snapshot, stop_reason: str, seconds: float, rule_files=(), rules=None):
+def _from_snapshot(snapshot, stop_reason: StopReason, seconds: float, rule_files=(),
+                   rules=None):
     header, export = snapshot
     return ExportedEGraph(export), SaturationReport(
         stop_reason=stop_reason, iterations=header["iterations"], egraph_nodes=header["nodes"],
         seconds=seconds, matches_per_rule={r: c for r, c in sorted(header["matches"].items()) if c},
-        rule_files=list(rule_files), rules=dict(rules or {}))
+        rule_files=list(rule_files), rules=dict(rules or {}),
+        per_iteration=[IterationRecord(**r) for r in header.get("records", [])])
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -250,6 +254,8 @@ class _Reader(threading.Thread):
 def _report_from(data: dict) -> SaturationReport:
     data = dict(data)
     data["rules"] = {name: RuleInfo(**info) for name, info in data.get("rules", {}).items()}
+    data["stop_reason"] = StopReason(data["stop_reason"])
+    data["per_iteration"] = [IterationRecord(**r) for r in data.get("per_iteration", [])]
     known = {f.name for f in dataclasses.fields(SaturationReport)}
     return SaturationReport(**{k: v for k, v in data.items() if k in known})
 
@@ -301,6 +307,7 @@ class _SnapshotEGraph:
         self._model_pending = False
         self.iterations = 0
         self.matches: dict[str, int] = {}
+        self.records: list[dict] = []       # IterationRecord fields, one per iteration
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -312,25 +319,33 @@ class _SnapshotEGraph:
         return commands
 
     def run_program(self, *commands):
+        started = time.perf_counter()
         outputs = self._inner.run_program(*commands)
         if any(_is_iteration(c) for c in commands):
             self.iterations += 1
+            this_iteration: dict[str, int] = {}
             for output in outputs:
                 report = getattr(output, "report", None)
                 for rule, count in getattr(report, "num_matches_per_rule", {}).items():
-                    self.matches[rule] = self.matches.get(rule, 0) + count
-            self._snapshot()
+                    this_iteration[rule] = this_iteration.get(rule, 0) + count
+            for rule, count in this_iteration.items():
+                self.matches[rule] = self.matches.get(rule, 0) + count
+            self._snapshot(this_iteration, time.perf_counter() - started)
         elif self._model_pending:
             self._model_pending = False
             self._snapshot()
         return outputs
 
-    def _snapshot(self) -> None:
+    def _snapshot(self, iteration_matches: dict[str, int] | None = None,
+                  seconds: float = 0.0) -> None:
         size = self._inner.run_program(*self._inner.parse_program("(print-size)"))
         nodes = sum(n for _, n in size[0].sizes)
+        if iteration_matches is not None:
+            self.records.append(dataclasses.asdict(
+                iteration_record(self.iterations, iteration_matches, nodes, seconds)))
         export = self._inner.serialize([]).to_json().encode()
         self._channel.send({"kind": "snapshot", "iterations": self.iterations, "nodes": nodes,
-                            "matches": self.matches}, export)
+                            "matches": self.matches, "records": list(self.records)}, export)
 
 
 def _virtual_bytes() -> int:

@@ -17,7 +17,8 @@ from ..extraction.costmodel import CostModel
 from ..frontend.encode import Encoding, encode_choice
 from ..extraction.extract import extract, roots_of
 from ..ir import Graph
-from .saturate import Budgets, RuleProgram, SaturationReport
+from .saturate import (Budgets, IterationRecord, RuleProgram, SaturationReport, StopReason,
+                       iteration_record)
 from .serialized import fill_missing_facts, read_egraph
 
 SHIPPED_PASSES = ("canon", "fold", "fuse")
@@ -86,14 +87,17 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
     passes = [*SHIPPED_PASSES, *(r for r in probe.rulesets
                                   if r not in SHIPPED_PASSES and r != "analysis")]
     matches: dict[str, int] = {}
+    records: list[IterationRecord] = []
     current, best_cost = encoding, float("inf")
-    rounds, stop_reason, nodes = 0, "iteration budget", 0
-    while rounds < budgets.iterations and stop_reason == "iteration budget":
+    rounds, nodes = 0, 0
+    stop_reason = StopReason.ITERATION_BUDGET if budgets.iterations else StopReason.NOT_RUN
+    while rounds < budgets.iterations and stop_reason == StopReason.ITERATION_BUDGET:
         rounds += 1
-        round_start_cost = best_cost
+        round_start_cost, round_started = best_cost, time.perf_counter()
+        round_matches: dict[str, int] = {}
         for ruleset in passes:
             if time.perf_counter() - started >= budgets.seconds:
-                stop_reason = "time budget"
+                stop_reason = StopReason.TIME_BUDGET
                 break
             program = RuleProgram(user_rules, target)
             _load(program, current)
@@ -105,7 +109,7 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
                 for output in program.egraph.run_program(*step):
                     changed |= output.report.updated
                     for rule, count in output.report.num_matches_per_rule.items():
-                        matches[rule] = matches.get(rule, 0) + count
+                        round_matches[rule] = round_matches.get(rule, 0) + count
                 if not changed:
                     break
             eg = read_egraph(program.egraph)
@@ -116,7 +120,11 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
             best_cost = min(best_cost, chosen.cost)
         else:
             if best_cost >= round_start_cost * (1 - 1e-9):
-                stop_reason = "passes converged"
+                stop_reason = StopReason.PASSES_CONVERGED
+        for rule, count in round_matches.items():
+            matches[rule] = matches.get(rule, 0) + count
+        records.append(iteration_record(rounds, round_matches, nodes,
+                                        time.perf_counter() - round_started))
     final = RuleProgram(user_rules, target)
     _load(final, current)
     final.egraph.run_program(*final.egraph.parse_program("(run-schedule (saturate (run analysis)))",
@@ -126,5 +134,5 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
         seconds=time.perf_counter() - started,
         matches_per_rule={r: c for r, c in sorted(matches.items()) if c},
         rule_files=final.files, rules=final.rules,
-        notes=unreachable_rules(user_rules, matches))
+        notes=unreachable_rules(user_rules, matches), per_iteration=records)
     return final.egraph, report, current

@@ -1,4 +1,4 @@
-"""Stage 3, saturate: load the term language and rule files, then run the schedule under budgets.
+"""Stage 2, saturate: load the term language and rule files, then run the schedule under budgets.
 
 Rule files are egglog programs. A user's file is data: before it runs it is parsed and every
 command in it checked against an allow-list (rulesets, rules, relations), so a rule file can
@@ -8,13 +8,17 @@ never read or write files or run anything outside the e-graph. Mistakes come bac
 The schedule (`rules/schedule.egg`) declares a back-off scheduler and one iteration of the main
 loop; Python repeats that iteration until the e-graph saturates or a budget (iterations, e-nodes,
 wall time) runs out. A budget stop is not a failure: extraction works on whatever e-graph exists.
+The report says why it stopped (`StopReason`) and keeps one `IterationRecord` per iteration
+(rules that matched, matches, e-nodes, seconds), as egg's Runner does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from egglog import bindings
@@ -63,11 +67,38 @@ class RuleInfo:
     line: int
 
 
+class StopReason(StrEnum):
+    """Why saturation stopped. A str: reports, CSV columns and JSON show the value."""
+
+    SATURATED = "saturated"                  # an iteration changed nothing
+    ITERATION_BUDGET = "iteration budget"
+    NODE_BUDGET = "node budget"
+    TIME_BUDGET = "time budget"
+    NOT_RUN = "not run"                      # an iteration budget of 0: the model as written
+    PASSES_CONVERGED = "passes converged"    # the `passes` strategy: a round cut no cost
+    HARD_MEMORY_LIMIT = "hard memory limit"  # the child process hit --hard-limits
+    HARD_TIME_LIMIT = "hard time limit"
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One iteration of the main loop (one round of the `passes` strategy)."""
+
+    iteration: int                   # from 1
+    rules_matched: int               # rules with at least one match in this iteration
+    matches: int                     # matches of all rules in this iteration
+    egraph_nodes: int                # e-nodes after it
+    seconds: float                   # its wall time
+
+    def as_dict(self) -> dict[str, int | float]:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class SaturationReport:
     """Why saturation stopped, how big the e-graph got, and what each rule matched."""
 
-    stop_reason: str                 # "saturated" | "iteration budget" | "node budget" | "time budget"
+    stop_reason: StopReason
     iterations: int
     egraph_nodes: int
     seconds: float
@@ -76,6 +107,8 @@ class SaturationReport:
     rules: dict[str, RuleInfo] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)    # what the user should know: rules that
                                                       # cannot fire under this strategy, and why
+    per_iteration: list[IterationRecord] = field(default_factory=list)   # empty when a hard
+                                                      # limit fell back to a snapshot
 
 
 MAX_NESTING = 500
@@ -286,15 +319,18 @@ def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
         return sum(n for _, n in egraph.run_program(*size_command)[0].sizes)
 
     matches: dict[str, int] = {}
+    records: list[IterationRecord] = []
     nodes = size()
-    stop_reason, iterations = "iteration budget", 0
+    stop_reason = StopReason.ITERATION_BUDGET if budgets.iterations else StopReason.NOT_RUN
+    iterations = 0
     while iterations < budgets.iterations:
         if nodes >= budgets.nodes:
-            stop_reason = "node budget"
+            stop_reason = StopReason.NODE_BUDGET
             break
         if time.perf_counter() - started >= budgets.seconds:
-            stop_reason = "time budget"
+            stop_reason = StopReason.TIME_BUDGET
             break
+        iteration_start = time.perf_counter()
         try:
             outputs = egraph.run_program(*program.iteration)
         except Exception as exc:   # egglog's own error type: a rule failed while running
@@ -302,15 +338,20 @@ def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
                                  f"{iterations + 1}): {' '.join(str(exc).split())}") from None
         iterations += 1
         changed, can_stop = False, True
+        this_iteration: dict[str, int] = {}
         for output in outputs:
             report = output.report
             changed |= report.updated
             can_stop &= report.can_stop
             for rule, count in report.num_matches_per_rule.items():
-                matches[rule] = matches.get(rule, 0) + count
+                this_iteration[rule] = this_iteration.get(rule, 0) + count
+        for rule, count in this_iteration.items():
+            matches[rule] = matches.get(rule, 0) + count
         new_nodes = size()
+        records.append(iteration_record(iterations, this_iteration, new_nodes,
+                                        time.perf_counter() - iteration_start))
         if not changed and new_nodes == nodes and can_stop:
-            stop_reason = "saturated"
+            stop_reason = StopReason.SATURATED
             nodes = new_nodes
             break
         nodes = new_nodes
@@ -318,4 +359,12 @@ def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
         stop_reason=stop_reason, iterations=iterations, egraph_nodes=nodes,
         seconds=time.perf_counter() - started,
         matches_per_rule={r: c for r, c in sorted(matches.items()) if c},
-        rule_files=program.files, rules=program.rules)
+        rule_files=program.files, rules=program.rules, per_iteration=records)
+
+
+def iteration_record(iteration: int, matches: dict[str, int], nodes: int,
+                     seconds: float) -> IterationRecord:
+    """The record of one iteration from its per-rule match counts."""
+    return IterationRecord(iteration=iteration,
+                           rules_matched=sum(1 for count in matches.values() if count),
+                           matches=sum(matches.values()), egraph_nodes=nodes, seconds=seconds)

@@ -596,10 +596,25 @@ def _saturation(report) -> str:
                   '<th class="num">places in the program</th></tr></thead>'
                   f"<tbody>{''.join(rule_rows)}</tbody></table>")
     return (f'<div class="columns"><div><table class="facts">{facts_html}</table>'
-            f"<h3>Time per stage</h3>{timings}</div>"
+            f"<h3>Time per stage</h3>{timings}{_iteration_table(report)}</div>"
             f"<div><h3>Rules</h3><p>How often each rule matched while the e-graph grew, and "
             f"in how many places of the extracted program its result appears (highlighted: "
             f"the rules that shaped the program).</p>{rule_table}</div></div>")
+
+
+def _iteration_table(report) -> str:
+    """One row per saturation iteration (one per round for the `passes` strategy)."""
+    records = report.saturation_iterations
+    if not records:
+        return ""
+    rows = "".join(
+        f'<tr><td class="num">{r["iteration"]}</td><td class="num">{r["rules_matched"]}</td>'
+        f'<td class="num">{r["matches"]:,}</td><td class="num">{r["egraph_nodes"]:,}</td>'
+        f'<td class="num">{r["seconds"]:.3f}</td></tr>' for r in records)
+    return ('<h3>Iterations</h3><table class="timings"><thead><tr><th class="num">#</th>'
+            '<th class="num">rules matched</th><th class="num">matches</th>'
+            '<th class="num">e-nodes after</th><th class="num">seconds</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>")
 
 
 # ---- formatting --------------------------------------------------------------------------------

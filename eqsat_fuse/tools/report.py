@@ -36,7 +36,7 @@ class Report:
     nodes_imported: int           # nodes left after import-time shape folding and dead-code removal
     kernels_out: int              # kernels that run (compute and opaque; views are not kernels)
     views: int                    # alias kernels: Reshape/Transpose/... that move no data
-    stop_reason: str
+    stop_reason: str              # a saturate.StopReason (a str)
     iterations: int
     egraph_nodes: int
     matches_per_rule: dict[str, int]
@@ -56,6 +56,8 @@ class Report:
     nodes_added_by_conversion: int = 0    # nodes the upgrade from source_opset added
     rulesets: dict[str, str] = field(default_factory=dict)   # rule name -> its ruleset
     notes: list[str] = field(default_factory=list)  # e.g. user rules the strategy cannot fire
+    saturation_iterations: list[dict[str, Any]] = field(default_factory=list)   # one
+    # saturate.IterationRecord (as a dict) per iteration: rules matched, matches, e-nodes, seconds
 
     def analysis_facts(self) -> set[str]:
         """Rules of the `analysis` ruleset: they derive facts (shapes, dtypes, fusability), and
