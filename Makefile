@@ -5,7 +5,7 @@ VENV    := .venv
 PYTHON  := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-slow fuzz venv clean
+.PHONY: demo test test-slow fuzz rules venv clean
 
 demo: $(STAMP)
 	$(VENV)/bin/eqsat-fuse demo
@@ -20,6 +20,10 @@ test-slow: $(STAMP)
 # Random ONNX graphs against onnxruntime: FUZZ_EXAMPLES per backend (default 2000).
 fuzz: $(STAMP)
 	$(PYTHON) -m pytest -q -m fuzz tests/test_fuzz_graphs.py
+
+# rules/generated.egg from the operator table (eqsat_fuse/ops.py); a test checks it is current.
+rules: $(STAMP)
+	$(PYTHON) -m eqsat_fuse.saturation.rulegen
 
 venv: $(STAMP)
 

@@ -35,10 +35,31 @@ class OpSpec:
     attrs: tuple[str, ...] = ()
     kind: str = "elementwise"
     optional: tuple[str, ...] = ()       # input slots that may be `(Absent)`
+    # elementwise only: the input slots through which a fusable producer may be computed inside
+    # this op's kernel (`fuse-<op>` rules in rules/generated.egg, with the `elementwise-<op>`
+    # fact); () for none: no rule is generated
+    fused_inputs: tuple[str, ...] = ()
+    short: str = ""                      # its name in rule names (default: the name, lower case)
+
+    @property
+    def rule_stem(self) -> str:
+        return self.short or self.name.lower()
+
+    def fuse_rule_names(self) -> dict[str, str]:
+        """Fused input slot -> the name of its generated rule: `fuse-<op>` for one slot,
+        `-cond` / `-lhs` / `-rhs` suffixes for several (the condition, then operands in order)."""
+        if len(self.fused_inputs) == 1:
+            return {self.fused_inputs[0]: f"fuse-{self.rule_stem}"}
+        operands = iter(("lhs", "rhs"))
+        return {slot: f"fuse-{self.rule_stem}-{'cond' if slot == 'cond' else next(operands)}"
+                for slot in self.fused_inputs}
 
 
-def _spec(name, inputs, attrs=(), kind="elementwise", optional=()):
-    return OpSpec(name, tuple(inputs), tuple(attrs), kind, tuple(optional))
+def _spec(name, inputs, attrs=(), kind="elementwise", optional=(), fused=None, short=""):
+    """`fused`: the elementwise op's fused input slots (default: all of them)."""
+    if fused is None:
+        fused = inputs if kind == "elementwise" else ()
+    return OpSpec(name, tuple(inputs), tuple(attrs), kind, tuple(optional), tuple(fused), short)
 
 
 _SPECS = [
@@ -54,7 +75,7 @@ _SPECS = [
     # elementwise
     _spec("Relu", ["x"]),
     _spec("LeakyRelu", ["x"], ["alpha"]),
-    _spec("Clip", ["x", "min", "max"], optional=["min", "max"]),
+    _spec("Clip", ["x", "min", "max"], optional=["min", "max"], fused=["x"]),
     _spec("Sigmoid", ["x"]),
     _spec("HardSigmoid", ["x"], ["alpha", "beta"]),
     _spec("HardSwish", ["x"]),
@@ -74,9 +95,11 @@ _SPECS = [
     _spec("Reciprocal", ["x"]),
     _spec("Where", ["cond", "x", "y"]),
     _spec("Cast", ["x"], ["to"]),
-    _spec("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["epsilon"]),
-    _spec("Identity", ["x"]),
-    _spec("Dropout", ["x"]),
+    _spec("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["epsilon"], fused=["x"],
+          short="batchnorm"),
+    # removed by the canon rules before fusion: no fusion rule of their own
+    _spec("Identity", ["x"], fused=[]),
+    _spec("Dropout", ["x"], fused=[]),
     # anchors: contractions
     _spec("Conv", ["x", "w", "b"], ["pads", "strides", "dilations", "group"], "anchor", ["b"]),
     _spec("ConvTranspose", ["x", "w", "b"],

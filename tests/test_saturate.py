@@ -32,7 +32,7 @@ def test_small_model_saturates_and_reports_what_fired(rng):
     assert report.matches_per_rule["conv2d-bn-fold"] == 1
     assert report.matches_per_rule["fuse-relu"] >= 1
     assert report.egraph_nodes > 0 and report.iterations >= 1
-    assert report.rules["fuse-relu"].file.endswith("fuse.egg")
+    assert report.rules["fuse-relu"].file.endswith("generated.egg")
 
 
 def test_iteration_budget_stops_the_run_and_the_program_is_still_correct():
