@@ -17,8 +17,9 @@ import pytest
 
 import eqsat_fuse as ef
 from eqsat_fuse.resources import rule_files
-from eqsat_fuse.checking.rulecheck import (Call, Eq, Lit, Var, check_rules, fold_constants, match,
-                                           parse_rule_files, substitute)
+from eqsat_fuse.checking.patterns import (Call, Eq, Lit, Var, fold_constants, match,
+                                          parse_rule_files, substitute)
+from eqsat_fuse.checking.rulecheck import check_rules
 from eqsat_fuse.resources import all_target_rule_files
 from eqsat_fuse.saturation.saturate import RuleProgram
 

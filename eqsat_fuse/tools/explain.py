@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 
 from ..frontend.encode import Encoding, constructor_sorts
-from ..checking.rulecheck import Call, Lit, Pattern, Rule, Var, parse_rule_files
+from ..checking.patterns import Call, Lit, Pattern, Rule, Var, parse_rule_files
 from ..saturation.serialized import SerializedEGraph
 
 _TERM_SORTS = ("T", "TList")
