@@ -1,0 +1,247 @@
+"""Steps 3 and 4 of import, the shapes: fix the input shapes (declared, or given with
+`input_shapes=`, re-sizing as onnxsim does), run ONNX shape inference (with ceil-mode pooling
+made explicit), read the static shapes it found, and refuse dynamic or too-big values."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, shape_inference
+
+from ..backends.numpy.ops import _pool_out_size
+from ..errors import ModelError
+from ..ir import TensorInfo
+from .protos import _attrs, _copy, _np_dtype, _str
+
+
+def _physical_memory() -> int:
+    try:
+        import os
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
+# A tensor bigger than this is refused before anything is allocated: 8 GiB, or half the
+# machine's memory when it has less than 16 GiB.
+MAX_TENSOR_BYTES = min(8 << 30, _physical_memory() // 2)
+
+
+def _declared_dims(vi: onnx.ValueInfoProto) -> list[int | str]:
+    """An input's declared dims: a number, or the dim's name ('?' when it has none)."""
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in vi.type.tensor_type.shape.dim]
+
+
+def _given_dims(value: Any, input_name: str, name: str) -> list[int]:
+    """`input_shapes[input_name]` as a list of whole numbers >= 0, or one line saying why not."""
+    shown = f"input_shapes[{input_name!r}] = {value!r}"
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ModelError(f"{name}: {shown} is not a sequence of dims, e.g. (1, 3, 224, 224)")
+    dims = list(value)
+    for position, dim in enumerate(dims):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise ModelError(f"{name}: {shown}: dim {position} is {dim!r}, not a whole number; "
+                             f"eqsat-fuse compiles for static shapes, so give the size to compile "
+                             f"for")
+    dims = [int(d) for d in dims]
+    if any(d < 0 for d in dims):
+        raise ModelError(f"{name}: input_shapes[{input_name!r}] = {dims} has a negative dim")
+    return dims
+
+
+def _shape_hint(dims: list[int | str]) -> list[int]:
+    """A static shape of the same rank to suggest for a dynamic input: its static dims as they
+    are, 1 for a dynamic first (batch) dim, 128 for any other dynamic dim."""
+    return [d if isinstance(d, int) else (1 if axis == 0 else 128) for axis, d in enumerate(dims)]
+
+
+def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None,
+                      name: str) -> list[tuple[str, list, list[int]]]:
+    """Give the inputs their shapes (declared, or from `input_shapes`); refuse dynamic dims left
+    open, naming every such input. An input given a size other than a static one it declares is
+    re-sized, as onnxsim's --overwrite-input-shape does: the shapes inferred from the old size
+    (value_info, output dims) are dropped, to be inferred again. Returns the re-sized inputs as
+    (name, declared dims, new dims)."""
+    initializers = {t.name for t in proto.graph.initializer}
+    given = dict(input_shapes or {})
+    real_inputs = [vi for vi in proto.graph.input if vi.name not in initializers]
+    unknown = set(given) - {vi.name for vi in real_inputs}
+    if unknown:
+        raise ModelError(f"{name}: input_shapes names {sorted(unknown)}, which are not inputs of "
+                         f"the model (its inputs: {[vi.name for vi in real_inputs]})")
+    resized, dynamic = [], []
+    for vi in real_inputs:
+        ttype = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise ModelError(f"{name}: input {vi.name!r} is not a tensor")
+        if vi.name in given:
+            dims = _given_dims(given[vi.name], vi.name, name)
+            if ttype.HasField("shape"):
+                declared = _declared_dims(vi)
+                if len(declared) != len(dims):
+                    raise ModelError(f"{name}: input {vi.name!r} has rank {len(declared)} "
+                                     f"({declared}); input_shapes gives it {dims}, of rank "
+                                     f"{len(dims)}")
+                if any(isinstance(d, int) and d != new for d, new in zip(declared, dims)):
+                    resized.append((vi.name, declared, dims))
+            ttype.shape.ClearField("dim")
+            for d in dims:
+                ttype.shape.dim.add().dim_value = d
+            continue
+        if not ttype.HasField("shape"):
+            raise ModelError(f"{name}: input {vi.name!r} has no declared shape; give it with "
+                             f"input_shapes={{{vi.name!r}: (...)}} (--input-shape on the CLI)")
+        if any(not d.HasField("dim_value") for d in ttype.shape.dim):
+            dynamic.append((vi.name, _declared_dims(vi)))
+    if dynamic:
+        which = " and ".join(f"{n!r} {dims}" for n, dims in dynamic)
+        hints = {n: _shape_hint(dims) for n, dims in dynamic}
+        flags = " ".join(f"{n}={','.join(map(str, dims))}" for n, dims in hints.items())
+        python = ", ".join(f"{n!r}: {tuple(dims)}" for n, dims in hints.items())
+        raise ModelError(f"{name}: input{'s' if len(dynamic) > 1 else ''} {which} "
+                         f"{'have' if len(dynamic) > 1 else 'has'} dynamic shape; eqsat-fuse "
+                         f"compiles for static shapes: give them with --input-shape {flags} "
+                         f"(input_shapes={{{python}}} in Python)")
+    if resized:
+        del proto.graph.value_info[:]
+        for vo in proto.graph.output:
+            if vo.type.HasField("tensor_type") and vo.type.tensor_type.HasField("shape"):
+                for d in vo.type.tensor_type.shape.dim:
+                    d.Clear()                   # the rank stays; the sizes are inferred again
+    return resized
+
+
+def with_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None
+                      ) -> onnx.ModelProto:
+    """A copy of `model` whose inputs have the given shapes (re-sized as `import_model` does),
+    for an oracle or an export that must accept inputs of those shapes."""
+    if not input_shapes:
+        return model
+    proto = _copy(model)
+    _set_input_shapes(proto, input_shapes, model.graph.name or "<model>")
+    return proto
+
+
+def _resize_error(resized: list, exc: ModelError, name: str) -> ModelError:
+    """One line on why the model cannot run at the new input sizes, with onnx's reason."""
+    what = ", ".join(f"input {n!r} from {old} to {new}" for n, old, new in resized)
+    reason = str(exc).removeprefix(f"{name}: ").removeprefix("ONNX shape inference failed: ")
+    reason = reason.replace("[ShapeInferenceError] Inference error(s): ", "")
+    return ModelError(f"{name}: cannot re-size {what}: {reason}; the model fixes the old size "
+                      f"in its weights or constants (export it again with that dim dynamic, or "
+                      f"at the size you need)")
+
+
+def _infer(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    shadow = _ceil_pool_shadow(proto)
+    try:
+        inferred = shape_inference.infer_shapes(shadow or proto, check_type=True,
+                                                strict_mode=True, data_prop=True)
+    except Exception as exc:
+        message = str(exc).strip().splitlines()
+        raise ModelError(f"{name}: ONNX shape inference failed: {message[-1] if message else exc}"
+                         ) from None
+    if shadow is not None:   # the shadow differs from the model only in its pooling attributes
+        del inferred.graph.node[:]
+        inferred.graph.node.extend(proto.graph.node)
+    return inferred
+
+
+def _ceil_pool_shadow(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of the model for shape inference only, with ceil-mode pooling made explicit.
+
+    ONNX's shape inference (1.23) keeps a last ceil-mode window that starts in the end padding,
+    which onnxruntime, PyTorch and `numpy_ops` drop: it gives such a pool one output too many
+    (and a model declaring the right size fails strict inference). In the copy, each such node
+    gets ceil_mode=0 and end pads that give the same output size under floor rounding.
+    """
+    pools = {i for i, n in enumerate(proto.graph.node)
+             if n.op_type in ("MaxPool", "AveragePool") and n.domain in ("", "ai.onnx")
+             and int(_attrs(n).get("ceil_mode", 0)) and "kernel_shape" in _attrs(n)
+             and _str(_attrs(n).get("auto_pad", "NOTSET")) in ("NOTSET", "VALID")}
+    if not pools:
+        return None
+    try:
+        loose = shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:
+        return None
+    shapes = {vi.name: vi.type.tensor_type.shape for vi in [*loose.graph.input,
+                                                           *loose.graph.value_info]}
+    shadow = _copy(proto)
+    for index, node in enumerate(proto.graph.node):
+        if index not in pools or node.input[0] not in shapes:
+            continue
+        dims = shapes[node.input[0]].dim
+        a = _attrs(node)
+        kernel = list(a["kernel_shape"])
+        rank = len(kernel)
+        if len(dims) != rank + 2 or not all(d.HasField("dim_value") for d in dims[2:]):
+            continue
+        sizes = [int(d.dim_value) for d in dims[2:]]
+        strides = list(a.get("strides", [1] * rank))
+        dilations = list(a.get("dilations", [1] * rank))
+        pads = [0] * (2 * rank) if _str(a.get("auto_pad", "NOTSET")) == "VALID" else \
+            list(a.get("pads", [0] * (2 * rank)))
+        if (len(strides) != rank or len(dilations) != rank or len(pads) != 2 * rank
+                or min(kernel + strides + dilations) <= 0 or min(pads) < 0):
+            continue   # malformed: strict inference on the model as it is will say what is wrong
+        ends = []
+        for n, k, pb, pe, st, d in zip(sizes, kernel, pads[:rank], pads[rank:], strides,
+                                       dilations):
+            out = _pool_out_size(n, k, pb, pe, st, d, True)
+            ends.append(max((out - 1) * st + (k - 1) * d + 1 - n - pb, 0))
+        copy = shadow.graph.node[index]
+        kept = [attr for attr in copy.attribute if attr.name not in ("ceil_mode", "pads",
+                                                                     "auto_pad")]
+        del copy.attribute[:]
+        copy.attribute.extend(kept)
+        copy.attribute.extend([helper.make_attribute("ceil_mode", 0),
+                               helper.make_attribute("pads", pads[:rank] + ends)])
+    return shadow
+
+
+def _static_shapes(proto: onnx.ModelProto) -> dict[str, TensorInfo]:
+    """Values whose shape and element type are fully known."""
+    out: dict[str, TensorInfo] = {}
+    graph = proto.graph
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
+        if not vi.type.HasField("tensor_type"):
+            continue
+        ttype = vi.type.tensor_type
+        if not ttype.HasField("shape") or ttype.elem_type == 0:
+            continue
+        if not all(d.HasField("dim_value") for d in ttype.shape.dim):
+            continue
+        out[vi.name] = TensorInfo(tuple(int(d.dim_value) for d in ttype.shape.dim),
+                                  _np_dtype(ttype.elem_type))
+    for t in graph.initializer:
+        out[t.name] = TensorInfo(tuple(int(d) for d in t.dims), _np_dtype(t.data_type))
+    return out
+
+
+def _limit_text() -> str:
+    return f"{MAX_TENSOR_BYTES / (1 << 30):g} GiB"
+
+
+def _require_static(value: str, infos: dict[str, TensorInfo], name: str,
+                    node: onnx.NodeProto | None = None) -> None:
+    if value in infos:
+        return
+    where = f" (output of node {node.name or node.op_type!r}, {node.op_type})" if node else ""
+    raise ModelError(f"{name}: value {value!r}{where} has no static shape after ONNX shape "
+                     f"inference and constant folding; eqsat-fuse compiles static shapes only")
+
+
+def _refuse_huge(infos: dict[str, TensorInfo], name: str) -> None:
+    for value, info in infos.items():
+        if any(d < 0 for d in info.shape):
+            raise ModelError(f"{name}: value {value!r} has shape {list(info.shape)}, with a "
+                             f"negative dim")
+        if math.prod(info.shape) * np.dtype(info.dtype).itemsize > MAX_TENSOR_BYTES:
+            raise ModelError(f"{name}: value {value!r} has shape {list(info.shape)} "
+                             f"({info.dtype}), more than {_limit_text()}; refused "
+                             f"before allocating")
