@@ -22,7 +22,8 @@ from _common import exit_on_help  # noqa: E402
 
 from eqsat_fuse.extraction.costmodel import load_cost_model  # noqa: E402
 from eqsat_fuse.frontend.encode import encode  # noqa: E402
-from eqsat_fuse.extraction.extract import extract, roots_of  # noqa: E402
+from eqsat_fuse.extraction.cost import roots_of  # noqa: E402
+from eqsat_fuse.extraction.registry import extract  # noqa: E402
 from eqsat_fuse.frontend.importer import import_model  # noqa: E402
 from eqsat_fuse.saturation.saturate import saturate  # noqa: E402
 from eqsat_fuse.saturation.serialized import fill_missing_facts, read_egraph  # noqa: E402

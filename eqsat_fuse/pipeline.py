@@ -18,7 +18,9 @@ from .lowering.decode import decode
 from .frontend.encode import encode
 from .errors import EqsatFuseError
 from .tools.explain import shaping_rules
-from .extraction.extract import ExtractionContext, extract, roots_of
+from .extraction.cost import roots_of
+from .extraction.fusion_values import ExtractionContext
+from .extraction.registry import extract
 from .frontend.importer import import_model, with_input_shapes
 from .ir import KernelPlan
 from .saturation.limits import HardLimits, saturate_in_child

@@ -9,8 +9,8 @@ from onnx import helper
 import eqsat_fuse as ef
 from eqsat_fuse.extraction.costmodel import load_cost_model
 from eqsat_fuse.frontend.encode import encode
-from eqsat_fuse.extraction.extract import (ExtractionError, constant_classes, extract, program_cost,
-                                           roots_of)
+from eqsat_fuse.extraction.cost import ExtractionError, constant_classes, program_cost, roots_of
+from eqsat_fuse.extraction.registry import extract
 from eqsat_fuse.frontend.importer import import_model
 from eqsat_fuse.saturation.saturate import saturate
 from eqsat_fuse.saturation.serialized import fill_missing_facts, read_egraph

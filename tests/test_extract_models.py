@@ -12,7 +12,8 @@ from onnx import helper
 import eqsat_fuse as ef
 from eqsat_fuse.extraction.costmodel import load_cost_model
 from eqsat_fuse.frontend.encode import encode
-from eqsat_fuse.extraction.extract import extract, program_cost, roots_of
+from eqsat_fuse.extraction.cost import program_cost, roots_of
+from eqsat_fuse.extraction.registry import extract
 from eqsat_fuse.frontend.importer import import_model
 from eqsat_fuse.saturation.saturate import saturate
 from eqsat_fuse.saturation.serialized import fill_missing_facts, read_egraph
@@ -75,7 +76,7 @@ def test_random_egraph_sweep(block):
     """The random cross-checks of test_extractors over 300 seeded e-graphs: every answer's cost
     is its program cost, the ILP equals brute force, and the ILP objective of random choices
     (valid or not) agrees with program_cost."""
-    from eqsat_fuse.extraction.extract import ExtractionError, constant_classes
+    from eqsat_fuse.extraction.cost import ExtractionError, constant_classes
     from eqsat_fuse.extraction.ilp import IlpExtractor
     from random_egraphs import all_choices
     from test_extractors import CASES, TARGETS, brute_force, run, same

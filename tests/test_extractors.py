@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from eqsat_fuse.extraction.costmodel import load_cost_model
-from eqsat_fuse.extraction.extract import (EXTRACTORS, ExtractionError, Pricing, constant_classes,
-                                           extract, program_cost)
+from eqsat_fuse.extraction.cost import ExtractionError, Pricing, constant_classes, program_cost
+from eqsat_fuse.extraction.registry import EXTRACTORS, extract
 from eqsat_fuse.extraction.ilp import IlpExtractor
 
 from random_egraphs import all_choices, random_egraph

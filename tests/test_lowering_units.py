@@ -7,7 +7,8 @@ import numpy as np
 from onnx import helper
 
 from eqsat_fuse.extraction.costmodel import load_cost_model
-from eqsat_fuse.extraction.extract import extract, roots_of
+from eqsat_fuse.extraction.cost import roots_of
+from eqsat_fuse.extraction.registry import extract
 from eqsat_fuse.frontend.encode import encode
 from eqsat_fuse.frontend.importer import import_model
 from eqsat_fuse.ir import BodyNode, Kernel, KernelPlan, Operand, TensorInfo

@@ -2,7 +2,7 @@
 
 The file holds numbers (rates, launch overhead, which fusions the target can run); this module
 holds the arithmetic that turns them into microseconds. The one program-cost formula that every
-extractor and every report uses lives in `extract.program_cost`; the per-node prices it adds up
+extractor and every report uses lives in `cost.program_cost`; the per-node prices it adds up
 come from here.
 """
 
@@ -100,7 +100,8 @@ class Prices:
     byte: float                      # per byte moved to or from main memory
     onchip_byte: float               # per byte, when the kernel's working set fits on chip
     onchip_bytes: float              # math.inf: no on-chip limit (every kernel pays `byte`)
-    flop: dict[str, float]           # per FLOP, by rate class (elementwise, matmul, conv, reduction)
+    flop: dict[str, float]           # per FLOP, by rate class (elementwise, matmul, conv,
+                                     # reduction)
     group: float = 0.0               # per group of a grouped convolution, beyond the first
 
     def bytes_cost(self, nbytes: float) -> float:
@@ -123,7 +124,8 @@ class CostModel:
     description: str
     launch_us: float
     bandwidth_gbs: float
-    rates_gflops: dict[str, float]          # by op kind / class: elementwise, matmul, conv, reduction
+    rates_gflops: dict[str, float]          # by op kind / class: elementwise, matmul, conv,
+                                            # reduction
     # (op_us_by_class below: the fixed cost of one operation of each class)
     flops_per_element: dict[str, float]
     elementwise_fusion: bool

@@ -1,6 +1,6 @@
 """ILP extraction: the exact optimum of the program cost, solved by HiGHS (`scipy.optimize.milp`).
 
-The model states `extract.program_cost` as linear constraints, so that for every choice it
+The model states `cost.program_cost` as linear constraints, so that for every choice it
 allows, its objective equals `program_cost` of that choice (and it allows exactly the choices
 `program_cost` accepts):
 
@@ -16,7 +16,7 @@ allows, its objective equals `program_cost` of that choice (and it allows exactl
   of K (a node inline in two kernels is paid twice: recomputation), alias kernels (a view at the
   body root) cost their view only. On a target with on-chip memory, a binary ``fits[K]`` picks
   the on-chip byte price when the kernel's bytes fit.
-- Legality (`extract.inline_legal`) is global, because the choice is: an edge whose legality
+- Legality (`cost.inline_legal`) is global, because the choice is: an edge whose legality
   does not depend on the body below is a pair constraint; one that does uses ``H[c]`` (the inline
   body of c holds an anchor), and a kernel holds at most `max_anchors` anchors (a sum over m).
 
@@ -44,13 +44,13 @@ from collections import defaultdict, deque
 from typing import Any, Iterable
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_array
 
+from .classgraph import strongly_connected
+from .cost import (Extraction, ExtractionError, Pricing, choice_from, duplicate_nodes, finish,
+                   inline_legal, is_anchor, maybe_inline_legal)
 from .costmodel import CostModel
-from .extract import (Extraction, ExtractionError, GreedyDagExtractor, Pricing, choice_from,
-                      duplicate_nodes, finish, inline_legal, is_anchor, maybe_inline_legal,
-                      strongly_connected)
+from .greedy import GreedyDagExtractor
+from ..graphs import reachable
 from ..ops import OPS
 from ..saturation.serialized import SerializedEGraph
 
@@ -85,6 +85,11 @@ class _Model:
 
     def solve(self, seconds: float, cutoff: float | None, gap: float,
               fixed: dict[int, float] | None = None):
+        # SciPy's solver loads here, on the first solve: importing eqsat_fuse does not pay for
+        # it (about 0.1 s) when the ILP is not used
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_array
+
         lower, upper = np.array(self.lower), np.array(self.upper)
         for j, v in (fixed or {}).items():
             lower[j] = upper[j] = v
@@ -112,7 +117,7 @@ class _Model:
 
 
 class IlpExtractor:
-    """Exact DAG extraction under the program cost (`extract.program_cost`), on HiGHS."""
+    """Exact DAG extraction under the program cost (`cost.program_cost`), on HiGHS."""
 
     name = "ilp"
     optimality = "dag-optimal"
@@ -198,14 +203,11 @@ class IlpExtractor:
         problem = _Problem(eg, roots, pricing, frozenset())
         if problem.infeasible:
             return None
-        needed: set[int] = set()
-        stack = list(roots)
-        while stack:
-            c = stack.pop()
-            if c in needed or c in pricing.constant or c not in choice:
-                continue
-            needed.add(c)
-            stack.extend(eg.nodes[choice[c]].children)
+        def chosen(c: int) -> bool:
+            return c not in pricing.constant and c in choice
+
+        needed = reachable([r for r in roots if chosen(r)],
+                           lambda c: [ch for ch in eg.nodes[choice[c]].children if chosen(ch)])
         fixed = {j: 0.0 for j in problem.x.values()}
         for c in needed:
             j = problem.x.get(choice[c])
@@ -260,26 +262,18 @@ class _Problem:
         reach; None picks the deepest that keeps the (node, kernel) pairs within `pair_budget`,
         but never less than `least_horizon` (the depth of a program that must stay feasible)."""
         self.eg, self.pricing = eg, pricing
-        self.model = model = pricing.model
+        self.model = pricing.model
         self.constant = constant = pricing.constant
-        self.milp = lp = _Model()
+        self.milp = _Model()
         self.infeasible = False
         self._h_later: list[tuple[int, int, int]] = []   # (parent, child node, child class)
         nodes = eg.nodes
-        prices = pricing.prices
         self.roots = roots = list(dict.fromkeys(roots))
 
         # ---- which nodes can be part of a program at all ----
-        relevant: set[int] = set()
-        stack = [r for r in roots if r not in constant]
-        while stack:
-            c = stack.pop()
-            if c in relevant:
-                continue
-            relevant.add(c)
-            for n in eg.class_nodes[c]:
-                stack.extend(ch for ch in nodes[n].children
-                             if ch not in constant and ch not in relevant)
+        relevant = reachable([r for r in roots if r not in constant],
+                             lambda c: [ch for n in eg.class_nodes[c] for ch in nodes[n].children
+                                        if ch not in constant])
         available = self._available(relevant, forbid | duplicate_nodes(eg))
         self.avail = avail = {c: [n for n in eg.class_nodes[c] if n in available]
                               for c in relevant}
@@ -288,10 +282,18 @@ class _Problem:
             return
         bnd = {c: [n for n in avail[c] if nodes[n].op in _BOUNDARY_OPS] for c in relevant}
         inl = {c: [n for n in avail[c] if nodes[n].op not in _BOUNDARY_OPS] for c in relevant}
-
-        # ---- choice variables and the structure of a program ----
-        self.x = x = {n: lp.var(integer=True) for c in relevant for n in avail[c]}
         root_set = set(roots)
+        self._structure(relevant, root_set, avail)
+        self._placement_legality(relevant, inl)
+        self._kernels(relevant, root_set, avail, bnd, inl, horizon, pair_budget, least_horizon)
+
+    # ---- parts of the model ----
+    def _structure(self, relevant: set[int], root_set: set[int],
+                   avail: dict[int, list[int]]) -> None:
+        """Choice variables and the structure of a program: one node per needed class, a chosen
+        node's children needed, a class needed only if a chosen node uses it, no cycle."""
+        lp, nodes, constant = self.milp, self.eg.nodes, self.constant
+        self.x = x = {n: lp.var(integer=True) for c in relevant for n in avail[c]}
         users: dict[int, list[int]] = defaultdict(list)
         for c in relevant:
             # The children of a chosen node are needed, and so are the classes a child forces (a
@@ -316,7 +318,11 @@ class _Problem:
                 lp.row(terms + [(x[p], -1.0) for p in users.get(c, ())], upper=0.0)
         self._acyclic(relevant, avail)
 
-        # ---- legality that holds wherever a node sits ----
+    def _placement_legality(self, relevant: set[int], inl: dict[int, list[int]]) -> None:
+        """Legality that holds wherever a node sits: pair rows for edges that are never legal
+        or legal only above an anchor, and `H` rows for those legal only above none."""
+        eg, lp, x, model, constant = self.eg, self.milp, self.x, self.model, self.constant
+        nodes = eg.nodes
         needs_h: set[int] = set()
         for c in relevant:
             for p in inl[c]:
@@ -346,7 +352,12 @@ class _Problem:
                             self._h_later.append((p, n, ch))
         self._has_anchor(needs_h, relevant, inl)
 
-        # ---- kernels ----
+    def _kernels(self, relevant: set[int], root_set: set[int], avail, bnd, inl,
+                 horizon: float | None, pair_budget: int, least_horizon: int) -> None:
+        """A kernel per class with a `Mat` node (and per root), each over the nodes that may be
+        inline in its body down to `horizon` (None: the deepest that fits `pair_budget`)."""
+        lp, x, nodes, roots = self.milp, self.x, self.eg.nodes, self.roots
+        prices = self.pricing.prices
         self.m: dict[tuple[int, int], int] = {}
         kernels = [c for c in relevant if bnd[c] and any(nodes[n].op == "Mat" for n in bnd[c])]
         kernels += [r for r in roots if r in relevant and r not in kernels]
@@ -370,7 +381,6 @@ class _Problem:
             for n in inl[c]:
                 lp.row([(x[n], 1.0)] + [(j, -1.0) for j in self.homes.get(n, ())], upper=0.0)
 
-    # ---- parts of the model ----
     def _forced(self, n: int, avail: dict[int, list[int]], depth: int = 4) -> set[int]:
         """Classes every program choosing node n needs, `depth` levels down: its children, and
         what every node of such a child needs (Relu(Mat c) needs c as surely as Relu(c) does;
@@ -597,7 +607,14 @@ class _Problem:
                 cover.append((read_var(c), 1.0))
             lp.row(cover + [(j, -1.0)], lower=0.0)
 
-        # launch, bytes moved and the on-chip threshold
+        self._kernel_prices(k, reads, launched, inside, active, prices)
+
+    def _kernel_prices(self, k: int, reads: dict[int, int], launched: list[tuple[int, float]],
+                       inside: list[tuple[int, int]], active: list[tuple[int, float]],
+                       prices) -> None:
+        """The objective terms of the kernel of class k (launch, bytes moved at the on-chip or
+        main-memory rate) and its limit on anchors."""
+        lp, pricing, nodes, model = self.milp, self.pricing, self.eg.nodes, self.model
         write = pricing.bytes(k)
         moved = [(reads[c], pricing.bytes(c)) for c in reads] + [(j, write * a)
                                                                   for j, a in launched]

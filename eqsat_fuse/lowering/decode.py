@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..frontend.encode import Encoding
 from ..errors import EqsatFuseError
-from ..extraction.extract import Extraction
+from ..extraction.cost import Extraction
 from ..ir import BodyNode, ConstExpr, Graph, Kernel, KernelPlan, Operand, TensorInfo
 from ..ops import OPS
 from ..saturation.serialized import SerializedEGraph

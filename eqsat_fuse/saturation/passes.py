@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ..extraction.costmodel import CostModel
 from ..frontend.encode import Encoding, encode_choice
-from ..extraction.extract import extract, roots_of
+from ..extraction.cost import roots_of
+from ..extraction.registry import extract
 from ..ir import Graph
 from .saturate import (Budgets, IterationRecord, RuleProgram, SaturationReport, StopReason,
                        iteration_record)
