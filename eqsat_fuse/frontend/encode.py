@@ -16,6 +16,7 @@ from functools import cache
 
 from egglog import bindings
 
+from ..graphs import postorder
 from ..ir import Graph, Node, TensorInfo
 from ..ops import OPS
 from ..resources import data_dir
@@ -174,21 +175,9 @@ def encode_choice(eg, choice: dict[int, int], encoding: Encoding, graph: Graph) 
     """
     sorts = constructor_sorts()
     roots = {output: eg.lets[var] for output, var in encoding.output_vars.items()}
-    order: list[int] = []
-    state: dict[int, bool] = {}
-    for root in roots.values():
-        stack = [(root, False)]
-        while stack:
-            c, expanded = stack.pop()
-            if state.get(c) is True:
-                continue
-            if expanded:
-                state[c] = True
-                order.append(c)
-                continue
-            state[c] = False
-            stack.append((c, True))
-            stack.extend((ch, False) for ch in eg.nodes[choice[c]].children if not state.get(ch))
+    # children last to first (the order the lets have always been written in)
+    order = postorder(roots.values(), lambda c: reversed(eg.nodes[choice[c]].children))
+    visited = set(order)
     dynamic = eg.relations.get("dynamic", set())
     lines: list[str] = []
     originals: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -211,7 +200,7 @@ def encode_choice(eg, choice: dict[int, int], encoding: Encoding, graph: Graph) 
             if splat is not None:
                 lines.append(f"(set (scalar-value {var}) {render_float(splat)})")
     value_vars = {value: f"$c{eg.lets[var]}" for value, var in encoding.value_vars.items()
-                  if var in eg.lets and eg.lets[var] in state}
+                  if var in eg.lets and eg.lets[var] in visited}
     return Encoding(program="\n".join(lines) + "\n", leaf_keys=encoding.leaf_keys,
                     value_vars=value_vars,
                     output_vars={output: f"$c{c}" for output, c in roots.items()},
