@@ -43,6 +43,7 @@ from onnx import helper, numpy_helper
 from ..errors import EqsatFuseError
 from ..files import write_atomically
 from ..frontend.importer import CANONICAL_OPSET
+from ..frontend.protos import all_tensors
 from ..lowering.lower import contiguous
 from ..ir import BodyNode, Kernel, Operand, TensorInfo
 from ..ops import OPS
@@ -106,7 +107,7 @@ def save_model(model: onnx.ModelProto, path: str | Path, *, force: bool = False,
     `protect`). Tensors go to `<path>.data` only when the model would not fit in 2 GiB."""
     path = Path(path)
     protect = [Path(p) for p in protect]
-    tensors = [t for t in _all_tensors(model)
+    tensors = [t for t in all_tensors(model)
                if t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_MIN_TENSOR]
     if sum(len(t.raw_data) for t in tensors) > EXTERNAL_DATA_BYTES:
         for other in protect:          # check the model's name before writing its data file
@@ -123,18 +124,10 @@ def save_model(model: onnx.ModelProto, path: str | Path, *, force: bool = False,
                      protect=protect, force_hint=force_hint)
 
 
-def _all_tensors(model: onnx.ModelProto):
-    yield from model.graph.initializer
-    for graph_node in model.graph.node:
-        for attr in graph_node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t
-
-
 def _externalize(model: onnx.ModelProto, data_path: Path, location: str, force: bool,
                  protect: list[Path], force_hint: str) -> None:
     """Move the model's large tensors into one data file (4 KiB-aligned, as onnx writes it)."""
-    tensors = [t for t in _all_tensors(model)
+    tensors = [t for t in all_tensors(model)
                if t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_MIN_TENSOR]
     placed: list[tuple[onnx.TensorProto, int, int]] = []
 
@@ -511,7 +504,17 @@ class _Exporter:
         elif op == "LRN":
             emit(op, args, size=int(a["size"]), alpha=float(a["alpha"]), beta=float(a["beta"]),
                  bias=float(a["bias"]))
-        elif op == "Concat":
+        else:
+            return self._emit_data_op(scope, node, args, out, dtype, label)
+        return out
+
+    def _emit_data_op(self, scope: _Scope, node: BodyNode, args: list[str], out: str,
+                      dtype: str | None, label: str) -> str:
+        """`_emit_op` for the ops that move data, the constants, Split and Opaque."""
+        op, a = node.op, node.attrs
+        emit = lambda onnx_op, inputs, **attrs: scope.node(onnx_op, inputs, [out], name=label,
+                                                           **attrs)
+        if op == "Concat":
             emit(op, args, axis=int(a["axis"]))
         elif op == "Gather":
             emit(op, args, axis=int(a["axis"]))
