@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .backends import BACKENDS
 from .errors import EqsatFuseError
 from .files import write_atomically  # noqa: F401  (also imported from here)
+from .lowering.storage import LOWERED_STORAGE_DTYPES
 from .saturation.limits import parse_hard_limits
 from .saturation.saturate import Budgets
 
@@ -46,10 +48,10 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ilp-seconds", type=float, default=30.0, metavar="S",
                         help="time limit of the ILP extractor (default 30); on a stop the report "
                              "gives the gap to optimal")
-    parser.add_argument("--backend", default="numpy", choices=["numpy", "numba"],
+    parser.add_argument("--backend", default="numpy", choices=list(BACKENDS),
                         help="numpy (default) or numba (each fused kernel JIT-compiled, cached "
                              "on disk)")
-    parser.add_argument("--storage-dtype", choices=["float32", "float16"], default=None,
+    parser.add_argument("--storage-dtype", choices=list(LOWERED_STORAGE_DTYPES), default=None,
                         help="dtype the intermediates are stored in (computed in float32); "
                              "default: the target's storage_dtype (edge-npu: float16, which "
                              "verify holds to float16's tolerances)")
@@ -292,14 +294,8 @@ def cmd_compare(args) -> int:
     return 1 if failed else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="eqsat-fuse",
-        description="Fuse the operators of an ONNX model by equality saturation, extract the "
-                    "cheapest program for a target, run it and check it against the original.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
+def _add_demo_command(sub: argparse._SubParsersAction) -> None:
+    """The `demo` command."""
     demo = sub.add_parser("demo", help="compile, run and verify the embedded example model",
                           description="Build the embedded example (a small CNN block and a small "
                                       "attention block), compile it, run it, verify it against "
@@ -308,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
     demo.set_defaults(func=cmd_demo)
 
+
+def _add_optimize_command(sub: argparse._SubParsersAction) -> None:
+    """The `optimize` command."""
     optimize = sub.add_parser("optimize", help="compile a model and print the report",
                               description="Compile MODEL and print what was fused, the kernel "
                                           "count, the predicted cost and the saturation report.")
@@ -330,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="replace OUT.onnx / OUT.html if they exist")
     optimize.set_defaults(func=cmd_optimize)
 
+
+def _add_run_command(sub: argparse._SubParsersAction) -> None:
+    """The `run` command."""
     run = sub.add_parser("run", help="compile a model and run it on inputs from a .npz file",
                          description="Compile MODEL and run it on the arrays in FEEDS.npz "
                                      "(one array per input, by name).")
@@ -340,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compile_options(run)
     run.set_defaults(func=cmd_run)
 
+
+def _add_verify_command(sub: argparse._SubParsersAction) -> None:
+    """The `verify` command."""
     verify = sub.add_parser("verify", help="check the compiled model against the original",
                             description="Compile MODEL, run it and the original (onnxruntime or "
                                         "onnx.reference) on the same inputs, compare outputs "
@@ -353,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compile_options(verify)
     verify.set_defaults(func=cmd_verify)
 
+
+def _add_rules_command(sub: argparse._SubParsersAction) -> None:
+    """`rules` and its actions."""
     rules = sub.add_parser("rules", help="work with rule files (check their soundness)",
                            description="Work with rule files.")
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION")
@@ -381,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--quiet", action="store_true", help="no progress on stderr")
     check.set_defaults(func=cmd_rules_check)
 
+
+def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
+    """The `calibrate` command."""
     calibrate = sub.add_parser(
         "calibrate", help="measure this machine and write a CPU cost file",
         description="Run micro-benchmarks (memory bandwidth, on-chip size and bandwidth, "
@@ -399,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="fewer repeats and smaller arrays (a smoke test, not a figure)")
     calibrate.set_defaults(func=cmd_calibrate)
 
+
+def _add_compare_command(sub: argparse._SubParsersAction) -> None:
+    """The `compare` command."""
     compare = sub.add_parser(
         "compare", help="sweep models x strategies x targets x rule sets into a results folder",
         description="Compile every cell of MODEL... x strategies x targets x rule sets, verify it "
@@ -419,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "more than one makes measured times noisier)")
     compare.add_argument("--scheduler", metavar="ADDRESS",
                          help="run the cells on this Dask distributed scheduler")
-    compare.add_argument("--backend", default="numpy", choices=["numpy", "numba"],
+    compare.add_argument("--backend", default="numpy", choices=list(BACKENDS),
                          help="backend to time (default numpy)")
     compare.add_argument("--repeats", type=int, default=10, help="timed runs per cell (median)")
     compare.add_argument("--seed", type=int, default=0, help="seed of the inputs")
@@ -427,6 +441,22 @@ def build_parser() -> argparse.ArgumentParser:
                          help="time limit of the ILP extractor per cell")
     compare.add_argument("--quiet", action="store_true", help="no progress on stderr")
     compare.set_defaults(func=cmd_compare)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eqsat-fuse",
+        description="Fuse the operators of an ONNX model by equality saturation, extract the "
+                    "cheapest program for a target, run it and check it against the original.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    _add_demo_command(sub)
+    _add_optimize_command(sub)
+    _add_run_command(sub)
+    _add_verify_command(sub)
+    _add_rules_command(sub)
+    _add_calibrate_command(sub)
+    _add_compare_command(sub)
     return parser
 
 

@@ -22,8 +22,8 @@ class NodeRunner:
             if vi.name not in seen:
                 seen.add(vi.name)
                 unique_inputs.append(vi)
-        graph = helper.make_graph([node], "node", unique_inputs,
-                                  [helper.make_empty_tensor_value_info(o) for o in node.output if o])
+        outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
+        graph = helper.make_graph([node], "node", unique_inputs, outputs)
         self.model = helper.make_model(graph, opset_imports=list(opset_imports))
         self.evaluator = ReferenceEvaluator(self.model)
         self.session = None
