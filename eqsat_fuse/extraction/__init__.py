@@ -6,8 +6,9 @@ One job a module, each importing only those above it in this list:
 - `cost`: what a program costs and which kernel bodies are legal (`program_cost`,
   `inline_legal`, `Pricing`), and the result every extractor returns (`Extraction`)
 - `classgraph`: the class graph's children-first order and strongly connected components
-- `tree`, `greedy`, `ilp`: the extractors ("tree", "greedy-dag", "ilp"; the ILP starts from
-  the greedy answer)
+- `milp`: a mixed-integer linear programme, built row by row and solved by HiGHS
+- `tree`, `greedy`, `ilp`: the extractors ("tree", "greedy-dag", "ilp"; the ILP states its
+  model in `milp` and starts from the greedy answer)
 - `registry`: the extractors by name (`EXTRACTORS`) and `extract`, which runs one
 - `fusion_values`: what each fused kernel is worth (`--explain`)
 """
