@@ -1,4 +1,4 @@
-"""Stage 5, decode: the extracted choice -> `ir.KernelPlan`.
+"""Stage 4, lowering, first step: the extracted choice -> `ir.KernelPlan`.
 
 Every chosen `Mat` class becomes a kernel that writes one buffer; its body is the inline term
 under it, down to the boundaries it reads (other kernels' buffers, graph inputs, constants).
@@ -7,9 +7,10 @@ Classes whose terms use constants only become `ConstExpr`s, which lowering folds
 
 from __future__ import annotations
 
-from ..frontend.encode import Encoding
 from ..errors import EqsatFuseError
 from ..extraction.cost import Extraction
+from ..frontend.encode import Encoding
+from ..graphs import postorder
 from ..ir import BodyNode, ConstExpr, Graph, Kernel, KernelPlan, Operand, TensorInfo
 from ..ops import OPS
 from ..saturation.serialized import SerializedEGraph
@@ -18,125 +19,154 @@ from ..saturation.serialized import SerializedEGraph
 def decode(eg: SerializedEGraph, extraction: Extraction, encoding: Encoding,
            graph: Graph) -> KernelPlan:
     """Turn the chosen e-nodes into kernels in execution order."""
-    choice, constant = extraction.choice, extraction.constant
+    decoder = _Decoder(eg, extraction, encoding, graph)
+    kernel_roots = [c for c in extraction.roots
+                    if not (c in decoder.constant or decoder.node_of(c).op == "Input")]
+    built: set[int] = set()
+    for k in postorder(kernel_roots, decoder.reads_of):
+        if k not in built:
+            built.add(k)
+            decoder.build_kernel(k)
+    kernels = decoder.kernels
+    outputs = decoder.outputs()     # may name constants the kernels do not read
+    return KernelPlan(
+        kernels=kernels,
+        buffers={k.output: k.info for k in kernels},
+        inputs={name: graph.values[name] for name in graph.inputs},
+        outputs=outputs, constants=decoder.constants,
+        initializers=graph.initializers, opaque_nodes=dict(encoding.opaque_nodes))
 
-    def node_of(c: int):
-        return eg.nodes[choice[c]]
 
-    # Readable buffer names: the model's value name where a class holds one.
-    value_of_class: dict[int, str] = {}
-    for value, var in encoding.value_vars.items():
-        c = eg.lets.get(var)
-        if c is not None:
-            value_of_class.setdefault(c, value)
-    for output, var in encoding.output_vars.items():
-        value_of_class[eg.lets[var]] = output
+class _Decoder:
+    """The names, operands and kernels of one decoding (what `decode` builds as it goes)."""
 
-    taken = set(graph.values) | set(graph.initializers) | set(value_of_class.values())
+    def __init__(self, eg: SerializedEGraph, extraction: Extraction, encoding: Encoding,
+                 graph: Graph):
+        self.eg = eg
+        self.encoding = encoding
+        self.choice, self.constant = extraction.choice, extraction.constant
+        # Readable buffer names: the model's value name where a class holds one.
+        self.value_of_class: dict[int, str] = {}
+        for value, var in encoding.value_vars.items():
+            c = eg.lets.get(var)
+            if c is not None:
+                self.value_of_class.setdefault(c, value)
+        for output, var in encoding.output_vars.items():
+            self.value_of_class[eg.lets[var]] = output
+        self.taken = set(graph.values) | set(graph.initializers) | set(
+            self.value_of_class.values())
+        self.generated: dict[int, str] = {}
+        self.constants: dict[str, ConstExpr] = {}
+        self.const_names: dict[int, str] = {}
+        self.kernels: list[Kernel] = []
 
-    def fresh(base: str) -> str:
+    # ---- classes, names and attributes ----
+
+    def node_of(self, c: int):
+        return self.eg.nodes[self.choice[c]]
+
+    def fresh(self, base: str) -> str:
         name = base
-        while name in taken:
+        while name in self.taken:
             name += "'"
-        taken.add(name)
+        self.taken.add(name)
         return name
 
-    generated: dict[int, str] = {}
+    def info(self, c: int) -> TensorInfo:
+        return TensorInfo(tuple(self.eg.shapes[c]), self.eg.dtypes[c])
 
-    def info(c: int) -> TensorInfo:
-        return TensorInfo(tuple(eg.shapes[c]), eg.dtypes[c])
-
-    def attrs_of(node) -> dict:
+    def attrs_of(self, node) -> dict:
         attrs = dict(zip(OPS[node.op].attrs, node.attrs))
         if node.op in ("Input", "Const"):
-            if attrs["name"] not in encoding.leaf_keys:
+            if attrs["name"] not in self.encoding.leaf_keys:
                 raise EqsatFuseError(f"the chosen program reads ({node.op} {attrs['name']!r}), "
                                      f"which the model does not have: a rule created it")
-            attrs["name"] = encoding.leaf_keys[attrs["name"]]
+            attrs["name"] = self.encoding.leaf_keys[attrs["name"]]
         return attrs
 
-    def tensor_list(c: int) -> list[int]:
+    def tensor_list(self, c: int) -> list[int]:
         items = []
-        while node_of(c).op == "TCons":
-            head, c = node_of(c).children
+        while self.node_of(c).op == "TCons":
+            head, c = self.node_of(c).children
             items.append(head)
         return items
 
-    def operands_of(node) -> list[int]:
+    def operands_of(self, node) -> list[int]:
         if node.op in ("Concat", "Opaque"):
-            return tensor_list(node.children[0])
+            return self.tensor_list(node.children[0])
         return list(node.children)
 
-    constants: dict[str, ConstExpr] = {}
-    const_names: dict[int, str] = {}
+    def buffer_name(self, c: int) -> str:
+        if c in self.value_of_class:
+            return self.value_of_class[c]
+        if c not in self.generated:
+            self.generated[c] = self.fresh(f"t{c}")
+        return self.generated[c]
 
-    def constant_operand(c: int) -> Operand:
-        node = node_of(c)
+    # ---- operands ----
+
+    def constant_operand(self, c: int) -> Operand:
+        node = self.node_of(c)
         if node.op == "Absent":
             return Operand("absent")
-        if c not in const_names:
-            name = attrs_of(node)["name"] if node.op == "Const" else fresh(f"c{c}")
-            const_names[c] = name
+        if c not in self.const_names:
+            name = self.attrs_of(node)["name"] if node.op == "Const" else self.fresh(f"c{c}")
+            self.const_names[c] = name
             body: list[BodyNode] = []
             index_of: dict[int, int] = {}
-            for k in _postorder(c, lambda k: operands_of(node_of(k))):
-                n = node_of(k)
+            for k in postorder([c], lambda k: self.operands_of(self.node_of(k))):
+                n = self.node_of(k)
                 if n.op == "Mat":           # a kernel boundary inside a folded constant: none
                     index_of[k] = index_of[n.children[0]]
                     continue
-                args = [Operand("absent") if node_of(a).op == "Absent"
-                        else Operand("node", index_of[a]) for a in operands_of(n)]
+                args = [Operand("absent") if self.node_of(a).op == "Absent"
+                        else Operand("node", index_of[a]) for a in self.operands_of(n)]
                 index_of[k] = len(body)
-                body.append(BodyNode(n.op, args, attrs_of(n)))
-            constants[name] = ConstExpr(name, body, info(c) if c in eg.shapes else None)
-        return Operand("const", const_names[c])
+                body.append(BodyNode(n.op, args, self.attrs_of(n)))
+            self.constants[name] = ConstExpr(name, body,
+                                             self.info(c) if c in self.eg.shapes else None)
+        return Operand("const", self.const_names[c])
 
-    def buffer_name(c: int) -> str:
-        if c in value_of_class:
-            return value_of_class[c]
-        if c not in generated:
-            generated[c] = fresh(f"t{c}")
-        return generated[c]
-
-    def boundary_operand(c: int) -> Operand:
-        if c in constant:
-            return constant_operand(c)
-        node = node_of(c)
+    def boundary_operand(self, c: int) -> Operand:
+        if c in self.constant:
+            return self.constant_operand(c)
+        node = self.node_of(c)
         if node.op == "Input":
-            return Operand("buffer", attrs_of(node)["name"])
-        return Operand("buffer", buffer_name(c))
+            return Operand("buffer", self.attrs_of(node)["name"])
+        return Operand("buffer", self.buffer_name(c))
 
-    def is_boundary(c: int) -> bool:
-        return c in constant or node_of(c).op in ("Mat", "Input")
+    def is_boundary(self, c: int) -> bool:
+        return c in self.constant or self.node_of(c).op in ("Mat", "Input")
 
-    kernels: list[Kernel] = []
-    built: set[int] = set()
+    # ---- kernels ----
 
-    def build_kernel(k: int) -> None:
-        node = node_of(k)
+    def build_kernel(self, k: int) -> None:
+        node = self.node_of(k)
         body_root = node.children[0] if node.op == "Mat" else k
-        if node.op == "Mat" and is_boundary(body_root):
-            body = [BodyNode("Identity", [boundary_operand(body_root)], {})]
+        if node.op == "Mat" and self.is_boundary(body_root):
+            body = [BodyNode("Identity", [self.boundary_operand(body_root)], {})]
             kind = "compute"
         else:
             body = []
             index_of: dict[int, int] = {}
-            children = lambda c: [a for a in operands_of(node_of(c)) if not is_boundary(a)]
-            for c in _postorder(body_root, children):
-                n = node_of(c)
-                args = [boundary_operand(a) if is_boundary(a) else Operand("node", index_of[a])
-                        for a in operands_of(n)]
+            children = lambda c: [a for a in self.operands_of(self.node_of(c))
+                                  if not self.is_boundary(a)]
+            for c in postorder([body_root], children):
+                n = self.node_of(c)
+                args = [self.boundary_operand(a) if self.is_boundary(a)
+                        else Operand("node", index_of[a]) for a in self.operands_of(n)]
                 index_of[c] = len(body)
-                body.append(BodyNode(n.op, args, attrs_of(n)))
-            root_kind = OPS[node_of(body_root).op].kind
+                body.append(BodyNode(n.op, args, self.attrs_of(n)))
+            root_kind = OPS[self.node_of(body_root).op].kind
             kind = {"view": "alias", "opaque": "opaque"}.get(root_kind, "compute")
         inputs = list(dict.fromkeys(a.ref for b in body for a in b.args if a.kind == "buffer"))
-        kernels.append(Kernel(name=f"k{len(kernels)}", output=buffer_name(k), inputs=inputs,
-                              body=body, kind=kind, info=info(k), eclass=k))
+        self.kernels.append(Kernel(name=f"k{len(self.kernels)}", output=self.buffer_name(k),
+                                   inputs=inputs, body=body, kind=kind, info=self.info(k),
+                                   eclass=k))
 
-    def reads_of(k: int) -> list[int]:
+    def reads_of(self, k: int) -> list[int]:
         """Classes of the kernels that kernel k reads."""
-        node = node_of(k)
+        node = self.node_of(k)
         start = node.children[0] if node.op == "Mat" else k
         out, seen, stack = [], set(), [start]
         while stack:
@@ -144,51 +174,19 @@ def decode(eg: SerializedEGraph, extraction: Extraction, encoding: Encoding,
             if c in seen:
                 continue
             seen.add(c)
-            if is_boundary(c):
-                if c not in constant and node_of(c).op == "Mat":
+            if self.is_boundary(c):
+                if c not in self.constant and self.node_of(c).op == "Mat":
                     out.append(c)
                 continue
-            stack.extend(operands_of(node_of(c)))
+            stack.extend(self.operands_of(self.node_of(c)))
         return out
 
-    kernel_roots = [c for c in extraction.roots
-                    if not (c in constant or node_of(c).op == "Input")]
-    for k in _postorder_many(kernel_roots, reads_of):
-        if k not in built:
-            built.add(k)
-            build_kernel(k)
-
-    outputs: dict[str, str] = {}
-    for output, var in encoding.output_vars.items():
-        c = eg.lets[var]
-        operand = boundary_operand(c) if is_boundary(c) else Operand("buffer", buffer_name(c))
-        outputs[output] = operand.ref
-    return KernelPlan(
-        kernels=kernels,
-        buffers={k.output: k.info for k in kernels},
-        inputs={name: graph.values[name] for name in graph.inputs},
-        outputs=outputs, constants=constants,
-        initializers=graph.initializers, opaque_nodes=dict(encoding.opaque_nodes))
-
-
-def _postorder(root: int, children) -> list[int]:
-    return _postorder_many([root], children)
-
-
-def _postorder_many(roots: list[int], children) -> list[int]:
-    """Every class reachable from `roots`, children before parents, without recursion."""
-    order: list[int] = []
-    done: set[int] = set()
-    for root in roots:
-        stack = [(root, False)]
-        while stack:
-            c, expanded = stack.pop()
-            if c in done:
-                continue
-            if expanded:
-                done.add(c)
-                order.append(c)
-                continue
-            stack.append((c, True))
-            stack.extend((ch, False) for ch in reversed(children(c)) if ch not in done)
-    return order
+    def outputs(self) -> dict[str, str]:
+        """Graph output name -> the buffer, input or constant that holds it."""
+        outputs: dict[str, str] = {}
+        for output, var in self.encoding.output_vars.items():
+            c = self.eg.lets[var]
+            operand = self.boundary_operand(c) if self.is_boundary(c) \
+                else Operand("buffer", self.buffer_name(c))
+            outputs[output] = operand.ref
+        return outputs
