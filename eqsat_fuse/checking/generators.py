@@ -390,25 +390,27 @@ def _gen_gemm(s, p, want, role, ranks):
     return s.apply("Gemm", [av, bv, cv], attrs)
 
 
-def _gen_softmax(s, p, want, role, ranks):
-    x, axis = p.args
+def _axis_operand(s, op: str, x, axis, want, ranks):
+    """The operand of an operator with an axis attribute: of a rank above the axis if the axis
+    is already fixed (and of the wanted shape, if one is wanted)."""
     ax = s.known(axis)
     need = (ax + 1) if isinstance(ax, int) else 1
     rs = {r for r in (ranks or range(1, 5)) if r >= need} if want is None else None
     xv = s.make(x, want, "any", rs)
     if not isinstance(xv, np.ndarray) or xv.ndim < 1:
-        raise _Reject("Softmax needs rank >= 1")
+        raise _Reject(f"{op} needs rank >= 1")
+    return xv
+
+
+def _gen_softmax(s, p, want, role, ranks):
+    x, axis = p.args
+    xv = _axis_operand(s, "Softmax", x, axis, want, ranks)
     return s.apply("Softmax", [xv], {"axis": s.attr(axis, lambda: s.i(0, xv.ndim - 1))})
 
 
 def _gen_layernorm(s, p, want, role, ranks):
     x, scale, bias, axis, eps = p.args
-    ax = s.known(axis)
-    need = (ax + 1) if isinstance(ax, int) else 1
-    rs = {r for r in (ranks or range(1, 5)) if r >= need} if want is None else None
-    xv = s.make(x, want, "any", rs)
-    if not isinstance(xv, np.ndarray) or xv.ndim < 1:
-        raise _Reject("LayerNormalization needs rank >= 1")
+    xv = _axis_operand(s, "LayerNormalization", x, axis, want, ranks)
     ax = s.attr(axis, lambda: s.i(0, xv.ndim - 1))
     norm = tuple(xv.shape[ax:])
     values = [xv, s.make(scale, norm), s.optional(bias, norm)]

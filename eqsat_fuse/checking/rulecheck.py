@@ -69,7 +69,9 @@ __all__ = ["Var", "Lit", "Call", "Pattern", "Eq", "Check", "Condition", "Rule",
 _VALUE_SORTS = {"i64", "f64", "String", "bool", "Unit", "IVec", "BigInt", "BigRat"}
 
 
-def _var_sorts(patterns, constructors) -> dict[str, str]:
+def _var_sorts(rule: Rule, constructors) -> dict[str, str]:
+    """The sort of every variable that fills a constructor's slot in the rule's equalities or
+    matched patterns."""
     sorts: dict[str, str] = {}
 
     def walk(p):
@@ -81,7 +83,7 @@ def _var_sorts(patterns, constructors) -> dict[str, str]:
         elif isinstance(p, Call):
             for a in p.args:
                 walk(a)
-    for p in patterns:
+    for p in [p for pair in rule.unions for p in pair] + [p for _, p in rule.matched]:
         walk(p)
     return sorts
 
@@ -143,8 +145,7 @@ def _static_problems(rule: Rule, decls: _Decls, sorts: dict[str, str]) -> tuple[
 def _plans(rule: Rule, decls: _Decls, absent_ok: dict[str, bool]) -> list[_Plan]:
     relations = frozenset(decls.relations)
     matched = dict(rule.matched)
-    sorts = _var_sorts([p for pair in rule.unions for p in pair] + list(matched.values()),
-                       decls.constructors)
+    sorts = _var_sorts(rule, decls.constructors)
     tensor_vars = {v for v, srt in sorts.items() if srt not in _VALUE_SORTS}
     hints = _hints(rule.conditions, set(sorts), tensor_vars, absent_ok, set(decls.constructors))
     conditions = list(rule.conditions)
@@ -344,9 +345,7 @@ def _check_plan(plan: _Plan, examples: int, seed: int, shrink: bool):
 def _check_rule(rule: Rule, decls: _Decls, absent_ok: dict[str, bool], examples: int, seed: int,
                 shrink: bool) -> RuleResult:
     started = time.perf_counter()
-    matched = dict(rule.matched)
-    sorts = _var_sorts([p for pair in rule.unions for p in pair] + list(matched.values()),
-                       decls.constructors)
+    sorts = _var_sorts(rule, decls.constructors)
     problem, relies = _static_problems(rule, decls, sorts)
     if problem is None and rule.kind == "fact" and not rule.sets:
         return RuleResult(rule, "fact", "asserts " + ", ".join(str(a) for a in rule.asserts),
