@@ -132,12 +132,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         if progress is not None and name != "done":
             progress(name)
 
-    if strategy not in ("eqsat", "passes"):
-        raise EqsatFuseError(f"unknown strategy {strategy!r}; choose eqsat or passes")
-    if isinstance(ilp_seconds, bool) or not isinstance(ilp_seconds, (int, float)) \
-            or not ilp_seconds > 0:
-        raise EqsatFuseError(f"the ILP time limit (--ilp-seconds) must be a number > 0, "
-                             f"got {ilp_seconds!r}")
+    _check_options(strategy, ilp_seconds)
     cost_model = load_cost_model(target)
     stage("import")
     graph = import_model(model, input_shapes)
@@ -166,10 +161,34 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         storage_dtype = getattr(cost_model, "storage_dtype", "float32")
     program = lower(plan, backend, graph.opset, storage_dtype=storage_dtype, cache_dir=cache_dir,
                     threads=threads)
-    plan = program.plan          # lowering may drop kernels whose buffer a reader recomputes
     stage("done")
 
+    report = _report(graph, cost_model, backend, extractor, objective, saturation, extraction,
+                     program, timings, shaped_by)
+    # for --explain: each fusion is re-extracted, so one ILP run gets at most 10 s there
+    context = ExtractionContext(serialized, extraction, cost_model,
+                                {"seconds": min(ilp_seconds, 10.0)})
+    source = with_input_shapes(_source_proto(model), input_shapes)  # the oracle takes them too
+    return Compiled(program, report, source,
+                    source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
+                    extraction=context)
+
+
+def _check_options(strategy: str, ilp_seconds: float) -> None:
+    """Refuse an unknown strategy or a bad ILP time limit before any work."""
+    if strategy not in ("eqsat", "passes"):
+        raise EqsatFuseError(f"unknown strategy {strategy!r}; choose eqsat or passes")
+    if isinstance(ilp_seconds, bool) or not isinstance(ilp_seconds, (int, float)) \
+            or not ilp_seconds > 0:
+        raise EqsatFuseError(f"the ILP time limit (--ilp-seconds) must be a number > 0, "
+                             f"got {ilp_seconds!r}")
+
+
+def _report(graph, cost_model, backend: str, extractor: str, objective: str, saturation,
+            extraction, program: Program, timings: dict[str, float], shaped_by) -> Report:
+    """What `compile` reports: the stages' results, kernel by kernel, and their timings."""
     kernel_reports = []
+    plan = program.plan      # lowering may drop kernels whose buffer a reader recomputes
     for kernel in plan.kernels:
         cost = extraction.kernels[kernel.eclass]
         kernel_reports.append(KernelReport(
@@ -177,7 +196,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             shape=list(kernel.info.shape), dtype=kernel.info.dtype, predicted_us=cost.us,
             launch_us=cost.launch_us, read_bytes=cost.read_bytes, write_bytes=cost.write_bytes,
             flops=cost.flops, energy_uj=cost.energy_uj))
-    report = Report(
+    return Report(
         model=graph.name, target=cost_model.target, backend=backend, extractor=extractor,
         nodes_in=graph.onnx_nodes, nodes_imported=len(graph.nodes),
         kernels_out=sum(1 for k in plan.kernels if k.kind != "alias"),
@@ -196,11 +215,3 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         rulesets={name: info.ruleset for name, info in saturation.rules.items()},
         notes=list(saturation.notes),
         saturation_iterations=[record.as_dict() for record in saturation.per_iteration])
-    # for --explain: each fusion is re-extracted, so one ILP run gets at most 10 s there
-    context = ExtractionContext(serialized, extraction, cost_model,
-                                {"seconds": min(ilp_seconds, 10.0)})
-    source = with_input_shapes(_source_proto(model), input_shapes)  # the oracle takes them too
-    return Compiled(program, report, source,
-                    source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
-                    extraction=context)
-
