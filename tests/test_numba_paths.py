@@ -80,10 +80,11 @@ _CONVS = [
 def test_convolutions_match_onnxruntime(cfg, packed, kernel_cache, rng, monkeypatch):
     # packed: the AVX-512 microkernel over row offsets of the input (where the CPU has it);
     # blas: the paths of other CPUs (im2col, shifted GEMMs, 1x1 straight from the planes)
-    from eqsat_fuse.backends.numba import backend as backend_numba
-    if packed and not backend_numba.PG.AVAILABLE:
+    from eqsat_fuse.backends.numba import contraction
+    from eqsat_fuse.backends.numba import packed_gemm as PG
+    if packed and not PG.AVAILABLE:
         pytest.skip("the packed convolution needs AVX-512")
-    monkeypatch.setattr(backend_numba, "PACKED_CONV", packed)
+    monkeypatch.setattr(contraction, "PACKED_CONV", packed)
     _check(_compile(_conv_model(rng, **cfg), kernel_cache))
 
 
@@ -92,16 +93,16 @@ def _sources(folder) -> str:
 
 
 def test_shifted_gemm_conv_is_used_for_wide_planes(tmp_path, rng, monkeypatch):
-    from eqsat_fuse.backends.numba import backend as backend_numba
-    monkeypatch.setattr(backend_numba, "PACKED_CONV", False)
+    from eqsat_fuse.backends.numba import contraction
+    monkeypatch.setattr(contraction, "PACKED_CONV", False)
     _check(_compile(_conv_model(rng, size=40), tmp_path))
     assert "K.pad_planes" in _sources(tmp_path)
 
 
 @pytest.mark.parametrize("k, direct", [(3, False), (1, True)])
 def test_packed_conv_is_used_on_avx512(k, direct, tmp_path, rng):
-    from eqsat_fuse.backends.numba import backend as backend_numba
-    if not backend_numba.PG.AVAILABLE:
+    from eqsat_fuse.backends.numba import packed_gemm as PG
+    if not PG.AVAILABLE:
         pytest.skip("the packed convolution needs AVX-512")
     pads = (k // 2,) * 4
     _check(_compile(_conv_model(rng, size=30, k=k, pads=pads), tmp_path))

@@ -1,0 +1,247 @@
+"""The row family: Softmax and LayerNormalization one row at a time (the prologue's row into
+a workspace row, its statistics in 16 lanes, then the epilogue), ReduceMean/ReduceSum over
+trailing axes (the sum in lanes, an epilogue per row or per element of the row), and 2-D
+pooling (`K.pool2d`, then the epilogue)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir import Operand
+from ...lowering.layout import probe
+from .emitter import Emitter
+from .scalars import flit
+from .spaces import Space, Unsupported, broadcast_layout, col_stride, column_split, probe_layout
+
+
+def gen_rows(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> None:
+    """Softmax / LayerNormalization, one row at a time with prologue and epilogue."""
+    node = e.body[a]
+    code = e.code
+    shape = tuple(e.kernel.info.shape)
+    rank = len(shape)
+    axis = node.attrs["axis"]
+    axis = axis + rank if axis < 0 else axis
+    if node.op == "Softmax" and axis != rank - 1:
+        raise Unsupported("Softmax not over the last axis")
+    if e.dtypes[a] != "float32":
+        raise Unsupported("row kernel on non-float32")
+    x_arg = node.args[0]
+    # prologue: the value of x at (r, c); the row space is dims < axis, columns dims >= axis
+    pro_nodes = [i for i in e.topo(e.needed(a)) if i != a]
+    # epilogue: everything the output reads other than through the anchor (prologue values
+    # the epilogue reads too are computed again in its loop)
+    epilogue = [i for i in e.topo(set(e.needed(e.root, stop=a))) if i != a]
+    uses_p, space_p = e.plan_operands(pro_nodes, shape, min_cols_dims=rank - axis)
+    uses_e, space_e = e.plan_operands(epilogue, shape, min_cols_dims=rank - axis)
+    # x itself when it is a boundary
+    if x_arg.kind != "node":
+        t = e.tensor(x_arg)
+        lay = broadcast_layout(t.layout, shape)
+        split = column_split([lay, probe_layout(shape)], shape, rank - axis)
+        if split > axis:
+            raise Unsupported("row kernel input strides")
+    if space_p.split > axis or space_e.split > axis:
+        raise Unsupported("row kernel operand strides")
+    space = Space(shape, axis)
+    space_p = Space(shape, axis)
+    space_e = Space(shape, axis)
+    uses_p, _ = e.replan(pro_nodes, shape, axis)
+    uses_e, _ = e.replan(epilogue, shape, axis)
+    R, C = space.rows, space.cols
+    code.lines.append(f"R = {code.int_param(R)}")
+    code.lines.append(f"C = {code.int_param(C)}")
+    ws = e.alloc(C)
+    code.lines.append(f"ROW = WS[{ws}:{ws} + C]")
+    code.lines.append("PART = np.empty(K.LANES, np.float32)")
+    code.lines.append("for r in range(R):")
+    hoist: list[str] = []
+    values: dict[int, str] = {}
+    pro = e.emit_nodes(pro_nodes, uses_p, space_p, values, "        ", "r", "c", hoist)
+    if x_arg.kind == "node":
+        xval = values[x_arg.ref]
+    else:
+        xval = e.operand_expr(a, 0, x_arg, {(a, 0): broadcast_layout(
+            e.tensor(x_arg).layout, shape)}, space, "r", "c", hoist, pro, "        ")
+    code.lines += ["    " + h for h in hoist]
+    # the row (prologue applied) goes to ROW; its statistics in 16-lane reductions
+    code.lines.append("    for c in range(C):")
+    code.lines += pro
+    code.lines.append(f"        ROW[c] = F32({xval})")
+    if node.op == "Softmax":
+        code.lines.append("    mx = K.row_max(ROW, C, PART)")
+        code.lines.append("    mx = F32(0) if mx == F32(-np.inf) else mx")
+        code.lines.append("    K.exp_shift(ROW, C, mx)")
+        code.lines.append("    inv = F32(1) / K.row_sum(ROW, C, PART)")
+        scale_expr = "ROW[c] * inv"
+    else:
+        eps = flit(node.attrs["epsilon"])
+        code.lines.append("    mean = K.row_sum(ROW, C, PART) / F32(C)")
+        code.lines.append("    q = K.row_sumsq(ROW, C, mean, PART)")
+        code.lines.append(f"    inv = F32(1) / np.sqrt(q / F32(C) + {eps})")
+        # scale and bias: vectors over the normalized dims
+        sc = row_vector(e, node.args[1], shape[axis:])
+        bi = row_vector(e, node.args[2], shape[axis:]) if len(node.args) > 2 else None
+        scale_expr = f"(ROW[c] - mean) * inv * {sc}"
+        if bi is not None:
+            scale_expr += f" + {bi}"
+    values_e: dict[int, str] = {a: "y"}
+    hoist_e: list[str] = []
+    e.loads = {}               # the loads are emitted anew in the epilogue's loop
+    epi = e.emit_nodes(epilogue, uses_e, space_e, values_e, "        ", "r", "c", hoist_e)
+    last = values_e[e.root]
+    code.lines += ["    " + h for h in hoist_e]
+    code.lines.append("    for c in range(C):")
+    code.lines.append(f"        y = {scale_expr}")
+    code.lines += epi
+    code.lines.append(f"        out[U(r * C + c)] = {e.store_expr(last)}")
+
+
+def row_vector(e: Emitter, arg: Operand, cols_shape) -> str:
+    """Expression of a vector operand indexed by the column `c` (LayerNorm scale/bias)."""
+    if arg.kind == "absent":
+        return None
+    const = e.scalar_const(arg)
+    if const is not None:
+        return flit(np.asarray(const).reshape(()))
+    t = e.tensor(arg)
+    lay = broadcast_layout(t.layout, tuple(cols_shape))
+    split = column_split([lay, probe_layout(tuple(cols_shape))], tuple(cols_shape),
+                         len(cols_shape))
+    cs = col_stride(lay, 0)
+    off = e.code.int_param(lay.offset)
+    if cs == 1:
+        return e.load_expr(t, f"{off} + c")
+    if cs == 0:
+        return e.load_expr(t, off)
+    return e.load_expr(t, f"{off} + c * {e.code.int_param(cs)}")
+
+
+def gen_reduce(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> None:
+    node = e.body[a]
+    code = e.code
+    x_arg = node.args[0]
+    in_shape = e.value_shape(x_arg)
+    rank = len(in_shape)
+    if node.op == "GlobalAveragePool":
+        axes, mean = tuple(range(2, rank)), True
+    else:
+        axes, mean = tuple(sorted(a_ + rank if a_ < 0 else a_ for a_ in node.attrs["axes"])), \
+            node.op == "ReduceMean"
+        if not axes:
+            raise Unsupported("reduce over no axes")
+    if e.dtypes[a] != "float32":
+        raise Unsupported("reduction on non-float32")
+    first = axes[0]
+    if axes != tuple(range(first, rank)):
+        raise Unsupported("reduction over non-trailing axes")
+    # the prologue the reduction reads (nodes only the epilogue reads are computed there)
+    red_pro = [i for i in e.topo(e.needed(a)) if i != a]
+    uses_p, space_p = e.replan(red_pro, in_shape, first)
+    for lay in uses_p.values():
+        if column_split([lay], in_shape, rank - first) > first:
+            raise Unsupported("reduction input strides")
+    out_shape = tuple(e.kernel.info.shape)
+    R = int(np.prod(in_shape[:first], dtype=np.int64))
+    C = int(np.prod(in_shape[first:], dtype=np.int64))
+    keepdims = node.op == "GlobalAveragePool" or bool(node.attrs.get("keepdims", 1))
+    # the epilogue: after the anchor, or reading a prologue value (Softmax written out)
+    post = set(e.needed(e.root, stop=a))
+    per_row = int(np.prod(out_shape, dtype=np.int64)) == R and \
+        all(i in epilogue or i == a for i in post)
+    if not per_row:
+        # the epilogue runs per element of the reduced input: x - sum(x, keepdims)
+        if not keepdims or out_shape != tuple(in_shape):
+            raise Unsupported("reduction epilogue of another shape")
+    code.lines.append(f"R = {code.int_param(R)}")
+    code.lines.append(f"C = {code.int_param(C)}")
+    hoist: list[str] = []
+    values: dict[int, str] = {}
+    pro = e.emit_nodes(red_pro, uses_p, space_p, values, "            ", "r", "c", hoist)
+    if x_arg.kind == "node":
+        xval = values[x_arg.ref]
+    else:
+        lay = broadcast_layout(e.tensor(x_arg).layout, in_shape)
+        if column_split([lay], in_shape, rank - first) > first:
+            raise Unsupported("reduction input strides")
+        xval = e.operand_expr(a, 0, x_arg, {(a, 0): lay}, space_p, "r", "c", hoist,
+                              pro, "            ")
+    values_e = {a: "y"}
+    hoist_e: list[str] = []
+    if per_row:
+        # epilogue over the output, one element per row
+        eshape = out_shape
+        uses_e, space_e = e.replan(epilogue, eshape, len(eshape))
+        epi = e.emit_nodes(epilogue, uses_e, space_e, values_e, "    ", "r", None,
+                           hoist_e)
+    else:
+        post_nodes = [i for i in e.topo(post) if i != a]
+        uses_e, space_e = e.replan(post_nodes, in_shape, first)
+        for lay in uses_e.values():
+            if column_split([lay], in_shape, rank - first) > first:
+                raise Unsupported("reduction epilogue strides")
+        e.loads = {}           # the loads are emitted anew in the epilogue's loop
+        epi = e.emit_nodes(post_nodes, uses_e, space_e, values_e, "        ", "r", "c",
+                           hoist_e)
+    last = values_e[e.root]
+    # the sum in 16 lanes (independent chains LLVM vectorizes), then the remainder
+    code.lines.append("PART = np.empty(K.LANES, np.float32)")
+    code.lines.append(f"CF = C - C % K.LANES")
+    code.lines.append("for r in range(R):")
+    code.lines += ["    " + h for h in hoist]
+    code.lines.append("    for k in range(K.LANES):")
+    code.lines.append("        PART[k] = F32(0)")
+    code.lines.append("    for c0 in range(0, CF, K.LANES):")
+    code.lines.append("        for k in range(K.LANES):")
+    code.lines.append("            c = c0 + k")
+    code.lines += pro
+    code.lines.append(f"            PART[k] += {xval}")
+    code.lines.append("    s = F32(0)")
+    code.lines.append("    for k in range(K.LANES):")
+    code.lines.append("        s += PART[k]")
+    code.lines.append("    for c in range(CF, C):")
+    code.lines += [line[4:] for line in pro]
+    code.lines.append(f"        s += {xval}")
+    code.lines.append("    y = s / F32(C)" if mean else "    y = s")
+    code.lines += ["    " + h for h in hoist_e]
+    if per_row:
+        code.lines += epi
+        code.lines.append(f"    out[U(r)] = {e.store_expr(last)}")
+    else:
+        code.lines.append("    for c in range(C):")
+        code.lines += epi
+        code.lines.append(f"        out[U(r * C + c)] = {e.store_expr(last)}")
+
+
+def gen_pool(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> None:
+    node = e.body[a]
+    code = e.code
+    if prologue:
+        raise Unsupported("pool with a prologue")
+    tx = e.anchor_tensor(a, 0)
+    if len(tx.layout.shape) != 4 or tx.dtype != "float32":
+        raise Unsupported("pooling that is not 2-D float32")
+    from ..numpy.ops import _pool_geometry
+    attrs = node.attrs
+    N, C, H, W = tx.layout.shape
+    nd, ks, pb, pe, st, dil, out_sp, extra = _pool_geometry(
+        probe(tx.layout.shape), attrs["kernel_shape"], attrs["pads"], attrs["strides"],
+        attrs["dilations"], attrs["ceil_mode"])
+    OH, OW = out_sp
+    out_shape = (N, C, OH, OW)
+    if tuple(e.kernel.info.shape) != out_shape:
+        raise Unsupported("pool output shape")
+    acc, widened = e.acc_target(N * C * OH * OW)
+    lines_epi, space = e.emit_epilogue(a, epilogue, out_shape, 2, "r * EC + c", "", acc)
+    if space.cols != OH * OW:
+        raise Unsupported("pool epilogue columns")
+    X = e.f32_input(tx, "X")
+    is_max = node.op == "MaxPool"
+    include = bool(attrs.get("count_include_pad", 0))
+    geo = [N * C, H, W, ks[0], ks[1], st[0], st[1], pb[0], pb[1], pe[0], pe[1], dil[0],
+           dil[1], OH, OW, int(is_max), int(include)]
+    code.lines.append(f"EC = {code.int_param(OH * OW)}")
+    code.lines.append(f"K.pool2d(X, 0, {', '.join(code.int_param(v) for v in geo)}, {acc})")
+    code.lines.append(f"r0 = 0")
+    code.lines.append(f"r1 = {code.int_param(N * C)}")
+    code.lines += lines_epi

@@ -1,0 +1,183 @@
+"""Scalar source text: the Python/Numba expression of one elementwise op on scalar arguments
+(`scalar_expr`), literals, and the dtype every body node computes in (`node_dtypes`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ...ir import BodyNode, Operand
+from .spaces import Unsupported
+
+NP_TYPES = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64",
+            "int32": "np.int32", "int8": "np.int8", "uint8": "np.uint8", "bool": "np.bool_",
+            "int16": "np.int16", "uint16": "np.uint16", "uint32": "np.uint32",
+            "uint64": "np.uint64", "float16": "np.float32"}
+
+
+def flit(value: float) -> str:
+    value = float(value)
+    if math.isnan(value):
+        return "F32(np.nan)"
+    if math.isinf(value):
+        return "F32(np.inf)" if value > 0 else "F32(-np.inf)"
+    return f"F32({value!r})"
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype arithmetic happens in (float16 values are computed in float32)."""
+    return "float32" if dtype == "float16" else dtype
+
+
+def node_dtypes(body: list[BodyNode], operand_dtype: Callable[[Operand], str]) -> list[str]:
+    """The logical dtype of every body node."""
+    out: list[str] = []
+
+    def arg(a: Operand) -> str:
+        return out[a.ref] if a.kind == "node" else operand_dtype(a)
+
+    for node in body:
+        if node.op == "Cast":
+            out.append(str(np.dtype(node.attrs["to"])))
+        elif node.op == "Where":
+            out.append(arg(node.args[1]))
+        elif node.args and node.args[0].kind != "absent":
+            out.append(arg(node.args[0]))
+        else:
+            out.append("float32")
+    return out
+
+
+def scalar_expr(node: BodyNode, args: list[str], dtypes: list[str], out_dtype: str,
+                const_value: Callable[[int], Any]) -> str:
+    """Python/Numba source of one elementwise op on scalar arguments.
+
+    `args` are expressions of the arguments (already in compute dtypes), `const_value(i)` is the
+    constant value of argument i when it is a scalar constant (else None).
+    """
+    op = node.op
+    t = compute_dtype(out_dtype)
+    is_float = t in ("float32", "float64")
+    f32 = t == "float32"
+    T = NP_TYPES.get(t)
+    if T is None:
+        raise Unsupported(f"dtype {out_dtype}")
+
+    def lit(v):
+        return flit(v) if f32 else f"{T}({float(v)!r})" if is_float else f"{T}({int(v)!r})"
+
+    a = args[0] if args else None
+    if op in ("Identity", "Dropout"):
+        return a
+    if op == "Add":
+        return f"({a} + {args[1]})"
+    if op == "Sub":
+        return f"({a} - {args[1]})"
+    if op == "Mul":
+        return f"({a} * {args[1]})"
+    if op == "Div":
+        if not is_float:
+            raise Unsupported("integer Div")
+        return f"({a} / {args[1]})"
+    if op == "Neg":
+        return f"(-{a})"
+    if not is_float and op not in ("Relu", "Where", "Cast", "Clip"):
+        raise Unsupported(f"{op} on {out_dtype}")
+    if op == "Abs":
+        return f"abs({a})"
+    if op == "Relu":
+        return f"({lit(0)} if {a} < {lit(0)} else {a})"
+    if op == "LeakyRelu":
+        return f"({a} if {a} >= {lit(0)} else {a} * {lit(node.attrs['alpha'])})"
+    if op == "Clip":
+        v = a
+        if len(args) > 1 and node.args[1].kind != "absent":
+            v = f"({args[1]} if {v} < {args[1]} else {v})"
+        if len(args) > 2 and node.args[2].kind != "absent":
+            v = f"({args[2]} if {v} > {args[2]} else {v})"
+        return v
+    if op == "Where":
+        return f"({args[1]} if {a} else {args[2]})"
+    if op == "Cast":
+        return _cast_expr(node, a, dtypes)
+    if op == "Sqrt":
+        return f"np.sqrt({a})"
+    if op == "Reciprocal":
+        return f"({lit(1)} / {a})"
+    if op == "Log":
+        return f"np.log({a})"
+    if op == "Pow":
+        return _pow_expr(a, args, const_value(1), lit)
+    approx = {"Exp": "exp_f32", "Tanh": "tanh_f32", "Sigmoid": "sigmoid_f32", "Erf": "erf_f32"}
+    if op in approx:
+        if f32:
+            return f"{approx[op]}({a})"
+        libm = {"Exp": "np.exp({})", "Tanh": "np.tanh({})", "Erf": "math.erf({})",
+                "Sigmoid": "(1.0 / (1.0 + np.exp(-{})))"}
+        return libm[op].format(a)
+    if op == "Gelu":
+        if not f32:
+            raise Unsupported("float64 Gelu")
+        return f"gelu_tanh_f32({a})" if node.attrs.get("approximate") == "tanh" \
+            else f"gelu_f32({a})"
+    if op == "HardSigmoid":
+        v = f"({a} * {lit(node.attrs['alpha'])} + {lit(node.attrs['beta'])})"
+        return f"min(max({v}, {lit(0)}), {lit(1)})"
+    if op == "HardSwish":
+        v = f"({a} * {lit(1.0 / 6.0)} + {lit(0.5)})"
+        return f"({a} * min(max({v}, {lit(0)}), {lit(1)}))"
+    if op == "BatchNormalization":
+        eps = lit(node.attrs["epsilon"])
+        return (f"(({a} - {args[3]}) * ({args[1]} / np.sqrt({args[4]} + {eps})) + {args[2]})")
+    raise Unsupported(f"op {op}")
+
+
+def _cast_expr(node: BodyNode, a: str, dtypes: list[str]) -> str:
+    """A Cast of the scalar expression `a` (of dtype dtypes[0]) to the node's `to`."""
+    to = str(np.dtype(node.attrs["to"]))
+    if to == "bool":
+        return f"({a} != 0)"
+    if np.dtype(to).kind in "iu" and dtypes[0] in ("float32", "float64", "float16"):
+        raise Unsupported("float to integer Cast")
+    if to == "float16" and dtypes[0] != "float16":
+        # float16 values are computed in float32: round to float16 here (ties to even)
+        return f"f16_to_f32(f32_to_f16(np.float32({a})))"
+    return f"{NP_TYPES[to]}({a})" if to in NP_TYPES else _unsupported(to)
+
+
+def _pow_expr(a: str, args: list[str], y, lit: Callable[[float], str]) -> str:
+    """`a ** args[1]`; a constant exponent y of 1, 2, 3, 0.5 or -1 becomes products, a square
+    root or a reciprocal."""
+    if y is not None and np.size(y) == 1:
+        y = float(np.asarray(y).reshape(()))
+        if y == 1.0:
+            return a
+        if y == 2.0:
+            return f"({a} * {a})"
+        if y == 3.0:
+            return f"({a} * {a} * {a})"
+        if y == 0.5:
+            return f"np.sqrt({a})"
+        if y == -1.0:
+            return f"({lit(1)} / {a})"
+    return f"({a} ** {args[1]})"
+
+
+def _unsupported(what):
+    raise Unsupported(what)
+
+
+def literal(value, dtype: str) -> str:
+    """A scalar `value` of `dtype` as source (float16 values are float32 in kernels)."""
+    value = np.asarray(value).reshape(())
+    if dtype in ("float32", "float16"):
+        return flit(float(value))
+    if dtype == "bool":
+        return "True" if bool(value) else "False"
+    if dtype in NP_TYPES:
+        kind = np.dtype(dtype).kind
+        v = float(value) if kind == "f" else int(value)
+        return f"{NP_TYPES[dtype]}({v!r})"
+    raise Unsupported(f"literal of {dtype}")
