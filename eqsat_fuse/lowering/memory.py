@@ -7,8 +7,8 @@ kernel writes, and each kernel's scratch workspace (alive during its step only),
 offset in one arena, so a run allocates no intermediate.
 
 An elementwise kernel may write over an input that dies with it (same bytes, read at the same
-index as it is written): the two buffers then share one storage, which the backend declares with
-`inplace`.
+index as it is written): the two buffers then share one storage, when the backend's
+implementation of the kernel declares that input in its `inplace_inputs` (`backends.base`).
 
 Placement is best fit over offsets (several orders are tried, the smallest arena kept). The
 report compares the arena with the liveness lower bound (the most bytes ever live at once, on

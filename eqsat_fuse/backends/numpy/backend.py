@@ -84,21 +84,6 @@ class OpaqueNodes:
         return fn
 
 
-def make_step(kernel: Kernel, opaque: OpaqueNodes) -> Callable[[dict], np.ndarray]:
-    """A callable that computes `kernel` from the environment of live arrays."""
-    body = kernel.body
-
-    def operand_value(operand: Operand, env: dict) -> Any:
-        if operand.kind == "absent":
-            return None
-        return env[operand.ref]
-
-    def step(env: dict) -> np.ndarray:
-        return evaluate_body(body, lambda o: operand_value(o, env), opaque)
-
-    return step
-
-
 # ---- the backend interface ------------------------------------------------------------------
 
 class NumpyKernel:
