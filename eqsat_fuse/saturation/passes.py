@@ -29,7 +29,7 @@ _LEAVES = {"Mat", "Const", "Input"}
 def _fused_term(pattern, sorts: dict) -> str | None:
     """The first subterm of `pattern` that holds an operator inline in another, with no Mat
     between ("(Relu (Relu x))"): a fused term, which the encoder never writes."""
-    from ..checking.rulecheck import Call
+    from ..checking.patterns import Call
 
     if not isinstance(pattern, Call):
         return None
@@ -48,7 +48,7 @@ def unreachable_rules(user_rules: list[str | Path] | None, matches: dict[str, in
     """One line per user rule that matched nothing under the pass pipeline because its pattern
     needs fused terms, which a pass sees only where an earlier pass committed that fusion."""
     from ..frontend.encode import constructor_sorts
-    from ..checking.rulecheck import parse_rule_files
+    from ..checking.patterns import parse_rule_files
 
     if not user_rules:
         return []

@@ -49,7 +49,7 @@ class Report:
     opaque_ops: list[str] = field(default_factory=list)
     kernels: list[KernelReport] = field(default_factory=list)
     rules_in_program: dict[str, int] = field(default_factory=dict)   # see explain.shaping_rules
-    backend_report: dict[str, Any] = field(default_factory=dict)   # lower.BackendReport
+    backend_report: dict[str, Any] = field(default_factory=dict)   # lowering.program.BackendReport
     objective: str = "latency"            # what extraction minimized: latency or energy
     energy_uj: float | None = None        # predicted microjoules (None: no [energy] in the target)
     extraction: dict[str, Any] = field(default_factory=dict)   # extractor details (ILP gap...)
