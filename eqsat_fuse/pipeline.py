@@ -141,12 +141,13 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     stage("saturate")
     if strategy == "passes":
         egraph, saturation, encoding = saturate_by_passes(
-            encoding, graph, rules, budgets or Budgets(), cost_model.target, cost_model, extractor)
+            encoding, graph, rules, budgets or Budgets(), cost_model.rule_files, cost_model,
+            extractor)
     elif hard_limits is None:
-        egraph, saturation = saturate(encoding, rules, budgets or Budgets(), cost_model.target)
+        egraph, saturation = saturate(encoding, rules, budgets or Budgets(), cost_model.rule_files)
     else:
         egraph, saturation = saturate_in_child(encoding, rules, budgets or Budgets(), hard_limits,
-                                               cost_model.target)
+                                               cost_model.rule_files)
     stage("extract")
     serialized = read_egraph(egraph)
     fill_missing_facts(serialized)

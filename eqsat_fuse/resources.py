@@ -28,14 +28,8 @@ def rule_files() -> list[Path]:
     return [language, *others]
 
 
-def target_rule_files(target: str) -> list[Path]:
-    """Rule files that only the given target loads (`rules/targets/<target>.egg`)."""
-    path = data_dir("rules") / "targets" / f"{target}.egg"
-    return [path] if path.is_file() else []
-
-
 def all_target_rule_files() -> list[Path]:
-    """Every target's own rule files."""
+    """Every shipped target's own rule files (the cost files' `[target] rules` name them)."""
     return sorted((data_dir("rules") / "targets").glob("*.egg"))
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from onnx import helper
 
 import eqsat_fuse as ef
 from eqsat_fuse.extraction.costmodel import load_cost_model
 from eqsat_fuse.resources import cost_model_file, targets
+
+from conftest import make_model
 
 
 def test_every_shipped_target_loads():
@@ -151,3 +154,31 @@ def test_per_class_operation_costs_default_to_op_us(tmp_path):
     prices = model.prices("latency")
     assert prices.op["conv"] == 7.0 and prices.op["matmul"] == model.op_us
     assert prices.work(0.0, "Conv", groups=3) == pytest.approx(7.0 + 2 * 0.5)
+
+
+def test_a_target_names_its_own_rule_files_in_its_cost_file(tmp_path):
+    npu = load_cost_model("edge-npu")
+    assert [p.rsplit("/", 1)[-1] for p in npu.rule_files] == ["edge-npu.egg"]
+    assert load_cost_model("cpu").rule_files == () == load_cost_model("gpu").rule_files
+    # a user's target with a rule file of its own: loaded (and checked like any user rule file)
+    (tmp_path / "mine.egg").write_text(
+        '(ruleset mine)\n(rewrite (Neg (Neg x)) x :ruleset mine :name "mine-double-neg")\n')
+    path = edited(tmp_path, "cpu", "target.name", 'name = "mine"\nrules = ["mine.egg"]')
+    model = ef.compile(_double_neg_model(), target=str(path))
+    assert model.report.matches_per_rule.get("mine-double-neg", 0) >= 1
+    assert "npu-relu-before-maxpool" not in model.report.rulesets
+
+
+def test_a_rule_file_the_cost_file_cannot_find_is_named_at_its_line(tmp_path):
+    path = edited(tmp_path, "edge-npu", "target.rules", 'rules = ["targets/nope.egg"]')
+    with pytest.raises(ef.CostModelError, match=r"edited\.toml:\d+: target.rules names "
+                                                r"'targets/nope.egg', which is not a rule file"):
+        load_cost_model(path)
+    path = edited(tmp_path, "edge-npu", "target.rules", "rules = [3]")
+    with pytest.raises(ef.CostModelError, match=r"target.rules must be a list of file names"):
+        load_cost_model(path)
+
+
+def _double_neg_model():
+    nodes = [helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Neg", ["n"], ["y"])]
+    return make_model(nodes, [("x", [2, 3])], [("y", [2, 3])])

@@ -24,7 +24,7 @@ from random_egraphs import random_egraph
 
 def egraph_of(path, target):
     encoding = encode(import_model(path))
-    egraph, _ = saturate(encoding, target=target)
+    egraph, _ = saturate(encoding, target_rules=load_cost_model(target).rule_files)
     eg = read_egraph(egraph)
     fill_missing_facts(eg)
     return eg, roots_of(eg, encoding.output_vars)

@@ -29,6 +29,7 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
     "target": {
         "name": (str, True, "the target's name"),
         "description": (str, False, "one line on what hardware this describes"),
+        "rules": (list, False, "rule files only this target loads, relative to this file"),
     },
     "kernel": {
         "launch_us": (float, True, "fixed cost of starting one kernel, microseconds"),
@@ -141,6 +142,7 @@ class CostModel:
     energy: dict[str, float] | None = None   # the [energy] table, if the file has one
     op_us_by_class: dict[str, float] | None = None   # None: op_us for every class
     conv_group_us: float = 0.0
+    rule_files: tuple[str, ...] = ()         # [target] rules: files only this target loads
 
     # ---- prices ----
     def bytes_us(self, nbytes: float) -> float:
@@ -378,7 +380,20 @@ def _validate(data: dict[str, Any], path: str, lines: dict[str, int] | None = No
         storage_dtype=memory.get("storage_dtype", "float32"),
         epilogue=optional_set("epilogue"), epilogue_anchors=optional_set("epilogue_anchors"),
         energy=energy, op_us_by_class=op_us_by_class or None,
-        conv_group_us=compute.get("conv_group_us", 0.0))
+        conv_group_us=compute.get("conv_group_us", 0.0),
+        rule_files=_target_rules(values["target"].get("rules", []), path, at("target.rules")))
+
+
+def _target_rules(names: list[str], path: str, where: str) -> tuple[str, ...]:
+    """The target's own rule files, resolved against the cost file's folder; each must exist."""
+    files = []
+    for name in names:
+        file = (Path(path).parent / name).resolve()
+        if file.suffix != ".egg" or not file.is_file():
+            raise CostModelError(f"{where}: target.rules names {name!r}, which is not a rule "
+                                 f"file (.egg) next to this cost file (looked for {file})")
+        files.append(str(file))
+    return tuple(files)
 
 
 def _check_ops(ops: list[str], kinds: tuple[str, ...], key: str, what: str, where: str) -> None:
@@ -405,7 +420,8 @@ def _check_value(value: Any, kind: type, key: str, where: str) -> Any:
         return value
     if kind is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise CostModelError(f"{where}: {key} must be a list of operator names")
+            raise CostModelError(f"{where}: {key} must be a list of "
+                                 f"{'file names' if key == 'target.rules' else 'operator names'}")
         return value
     if kind is str:
         if not isinstance(value, str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Sequence
 
 from ..extraction.costmodel import CostModel
 from ..frontend.encode import Encoding, encode_choice
@@ -76,7 +77,7 @@ def _load(program: RuleProgram, encoding: Encoding) -> None:
 
 
 def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | Path] | None,
-                       budgets: Budgets, target: str | None, cost_model: CostModel,
+                       budgets: Budgets, target_rules: Sequence[str], cost_model: CostModel,
                        extractor: str = "greedy-dag"):
     """Run the pass pipeline; returns (e-graph holding the final program, report, its encoding).
 
@@ -84,7 +85,7 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
     e-graph or `budgets.iterations` runs; `budgets.seconds` bounds the whole pipeline.
     """
     started = time.perf_counter()
-    probe = RuleProgram(user_rules, target)
+    probe = RuleProgram(user_rules, target_rules)
     passes = [*SHIPPED_PASSES, *(r for r in probe.rulesets
                                   if r not in SHIPPED_PASSES and r != "analysis")]
     matches: dict[str, int] = {}
@@ -100,7 +101,7 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
             if time.perf_counter() - started >= budgets.seconds:
                 stop_reason = StopReason.TIME_BUDGET
                 break
-            program = RuleProgram(user_rules, target)
+            program = RuleProgram(user_rules, target_rules)
             _load(program, current)
             step = program.egraph.parse_program(
                 f"(run-schedule (seq (saturate (run analysis)) (run-with $backoff {ruleset})))",
@@ -126,7 +127,7 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
             matches[rule] = matches.get(rule, 0) + count
         records.append(iteration_record(rounds, round_matches, nodes,
                                         time.perf_counter() - round_started))
-    final = RuleProgram(user_rules, target)
+    final = RuleProgram(user_rules, target_rules)
     _load(final, current)
     final.egraph.run_program(*final.egraph.parse_program("(run-schedule (saturate (run analysis)))",
                                                          filename="<analysis>"))

@@ -20,12 +20,13 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Sequence
 
 from egglog import bindings
 
 from ..frontend.encode import Encoding
 from ..errors import EqsatFuseError, RuleFileError
-from ..resources import rule_files, schedule_file, target_rule_files
+from ..resources import data_dir, rule_files, schedule_file
 
 # Commands a user's rule file may contain. Everything else (include, input, output, extract,
 # run-schedule, push/pop, new sorts or constructors...) is refused before the file runs.
@@ -203,7 +204,8 @@ def _rule_file_error(exc: Exception, default_file: str, text: str | None = None)
 class RuleProgram:
     """An e-graph with the term language, the shipped rules and any user rules loaded."""
 
-    def __init__(self, user_rules: list[str | Path] | None = None, target: str | None = None):
+    def __init__(self, user_rules: list[str | Path] | None = None,
+                 target_rules: Sequence[str | Path] = ()):
         self.egraph = bindings.EGraph()
         self.files: list[str] = []
         self.rules: dict[str, RuleInfo] = {}
@@ -213,8 +215,9 @@ class RuleProgram:
         schedule = schedule_file()
         self._load(schedule, trusted=True, schedule=True)
         scheduled = set(self.rulesets)
-        for path in target_rule_files(target) if target else []:
-            self._load(Path(path), trusted=True)
+        shipped = data_dir("rules").resolve()
+        for path in target_rules:       # a target's own files ([target] rules of its cost file)
+            self._load(Path(path), trusted=Path(path).resolve().is_relative_to(shipped))
         for path in user_rules or []:
             self._load(Path(path), trusted=False)
         self._schedule_extra_rulesets([r for r in self.rulesets if r not in scheduled])
@@ -305,12 +308,13 @@ class RuleProgram:
 
 def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
              budgets: Budgets = Budgets(),
-             target: str | None = None) -> tuple[bindings.EGraph, SaturationReport]:
+             target_rules: Sequence[str | Path] = ()) -> tuple[bindings.EGraph, SaturationReport]:
     """Run the rules on the encoded model until saturation or a budget; return e-graph and report.
 
-    `target` adds the rule files only that target loads (rules/targets/<target>.egg)."""
+    `target_rules` are the rule files only the target loads (`CostModel.rule_files`, from its
+    cost file's `[target] rules`)."""
     started = time.perf_counter()
-    program = RuleProgram(user_rules, target)
+    program = RuleProgram(user_rules, target_rules)
     egraph = program.egraph
     egraph.run_program(*egraph.parse_program(encoding.program, filename="<model>"))
     size_command = egraph.parse_program("(print-size)")
