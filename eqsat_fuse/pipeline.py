@@ -67,7 +67,7 @@ class Compiled:
         feeds = random_feeds(self.plan.inputs, seed) if feeds is None else feeds
         expected, oracle = oracle_outputs(self._source, feeds, against)
         return compare(self.run(feeds), expected, oracle,
-                       storage_dtype=getattr(self.program, "storage_dtype", "float32"))
+                       storage_dtype=self.program.storage_dtype)
 
     def to_onnx(self, path: str | Path | None = None, force: bool = False,
                 opset: int | None = None) -> onnx.ModelProto:
@@ -159,7 +159,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     plan = decode(serialized, extraction, encoding, graph)
     stage("lower")
     if storage_dtype is None:
-        storage_dtype = getattr(cost_model, "storage_dtype", "float32")
+        storage_dtype = cost_model.storage_dtype
     program = lower(plan, backend, graph.opset, storage_dtype=storage_dtype, cache_dir=cache_dir,
                     threads=threads)
     stage("done")

@@ -1,4 +1,4 @@
-"""Stage 2, encode: the term language and the egglog program a model becomes."""
+"""Stage 1, encode: the term language and the egglog program a model becomes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 4, extract: the greedy DAG extractor, the program cost and the validity check."""
+"""Stage 3, extract: the greedy DAG extractor, the program cost and the validity check."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 7, verify: does the compiled program compute what the original model computes?
+"""Verify, after the stages: does the compiled program compute what the original model computes?
 
 The oracle is onnxruntime (all graph optimizations off, so it runs the model as written) or,
 with `against="reference"` or when onnxruntime is not installed, `onnx.reference`.

@@ -1,7 +1,8 @@
 """What a program costs and which programs are legal: the one statement every extractor and
 every report follows.
 
-The program cost (DESIGN.md, "What a program costs") is computed in one place, `program_cost`:
+The program cost (docs/cost-models.md says what it charges) is computed in one place,
+`program_cost`:
 
     cost = sum over distinct kernels K of  launch + bytes_cost(read(K) + write(K))
                                            + sum over distinct inline classes n of K: work(n)

@@ -1,4 +1,4 @@
-"""Stage 2, encode: `ir.Graph` -> an egglog program over the term language of `rules/lang.egg`.
+"""Stage 1, encode: `ir.Graph` -> an egglog program over the term language of `rules/lang.egg`.
 
 One `(let ...)` per node (never one nested expression: egglog builds those in quadratic time).
 Every node is wrapped in `(Mat ...)`, the unfused program; tensor data stays outside the e-graph

@@ -1,4 +1,4 @@
-"""Stage 7, export: a compiled program -> an ONNX model that onnxruntime runs.
+"""Export, a tool after the stages: a compiled program -> an ONNX model that onnxruntime runs.
 
 `export_model(program)` writes the lowered `KernelPlan` back as ONNX, in the canonical opset
 (`importer.CANONICAL_OPSET`; the model's own opset when it is newer):
