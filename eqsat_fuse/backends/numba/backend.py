@@ -9,6 +9,14 @@ compiled function. Modules are written to a cache folder named by the hash of th
 of the hand-written runtime they call, `RUNTIME_DIGEST`) and compiled with `cache=True`, so a
 second process loads the machine code instead of compiling.
 
+This module holds `NumbaBackend` (prepare: generate and load a kernel; the on-disk cache;
+compile) and `generate`, which picks the kernel family. The generator's parts: `emitter` (the
+`Emitter`, the state and small API every family writes one kernel with), the families as
+functions over it (`elementwise`, `contraction`, `rows`, `movement`), `scalars` (the source of
+one op on scalars), `spaces` (tensors, iteration spaces, layout arithmetic), `source` (the
+module text, `RUNTIME_DIGEST`) and `segments` (`segment_source`). The hand-written runtime the
+generated modules call: `kernels`, `approx`, `packed_gemm`.
+
 Segments: lowering groups consecutive compiled kernels (everything between NumPy-only steps:
 opaque nodes, fallbacks) into one generated `@njit` function that calls them in order on views
 of the arena made from addresses (`segment_source`), so Python dispatches once per segment

@@ -62,9 +62,11 @@ class Emitter:
 
     # -- operands --
     def tensor(self, operand: Operand) -> Tensor:
+        """The tensor (storage, dtypes, layout) a boundary or synthetic operand reads."""
         return self.backend.tensor(operand)
 
     def const_value(self, operand: Operand):
+        """The value of a one-element constant operand, else None."""
         if operand.kind == "const":
             value = self.backend.constants[operand.ref]
             if np.size(value) == 1:
@@ -72,11 +74,14 @@ class Emitter:
         return None
 
     def storage_array(self, t: Tensor) -> str:
+        """The kernel argument (or local array) holding t's storage."""
         if t.storage.startswith("@"):
             return t.storage[1:]          # a local array of the kernel (its accumulator)
         return self.code.array(("storage", t.storage), ("storage", t.storage))
 
     def load_expr(self, t: Tensor, index: str) -> str:
+        """Source of one element of t at the element offset `index`, widened from float16
+        where it is stored so."""
         arr = self.storage_array(t)
         raw = f"{arr}[U({index})]"
         if t.stored == "float16" and t.dtype != "float16":
@@ -150,6 +155,7 @@ class Emitter:
         return lines
 
     def arg_dtype(self, a: Operand) -> str:
+        """The logical dtype of an argument of a body node."""
         if a.kind == "node":
             return self.dtypes[a.ref]
         if a.kind == "absent":
@@ -157,6 +163,9 @@ class Emitter:
         return self.backend.operand_dtype(a)
 
     def operand_expr(self, i, slot, a, uses, space, row_var, col_var, hoist, lines, indent):
+        """The value of boundary operand `a` (argument `slot` of node i) at (row_var,
+        col_var) of `space`: a literal for a scalar constant, else a variable loaded once
+        (into `hoist` when it is constant along the row, else into `lines`)."""
         const = self.scalar_const(a)
         dt = compute_dtype(self.backend.operand_dtype(a))
         if const is not None:
@@ -206,6 +215,7 @@ class Emitter:
         return f"G[{start} + {row_var}]"
 
     def store_expr(self, value: str) -> str:
+        """`value` as stored in the output (narrowed to float16 where it is stored so)."""
         if self.out_stored == "float16":
             return f"f32_to_f16({value})"
         return value
@@ -293,6 +303,7 @@ class Emitter:
         return lines, space
 
     def anchor_tensor(self, a: int, slot: int) -> Tensor:
+        """The tensor argument `slot` of anchor node a reads (not an inline value)."""
         arg = self.body[a].args[slot]
         if arg.kind not in ("buffer", "const", "synthetic"):
             raise Unsupported("an anchor reading an inline value")
@@ -347,6 +358,7 @@ class Emitter:
         return name
 
     def alloc(self, elements: int) -> str:
+        """Reserves float32 workspace (16 elements of slack); the start's expression."""
         start = self.workspace
         self.workspace += int(elements) + 16
         return self.code.int_param(start)

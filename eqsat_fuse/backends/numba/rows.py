@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir import Operand
+from ...ir import BodyNode, Operand
 from ...lowering.layout import probe
 from .emitter import Emitter
 from .scalars import flit
@@ -68,23 +68,7 @@ def gen_rows(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> No
     code.lines.append("    for c in range(C):")
     code.lines += pro
     code.lines.append(f"        ROW[c] = F32({xval})")
-    if node.op == "Softmax":
-        code.lines.append("    mx = K.row_max(ROW, C, PART)")
-        code.lines.append("    mx = F32(0) if mx == F32(-np.inf) else mx")
-        code.lines.append("    K.exp_shift(ROW, C, mx)")
-        code.lines.append("    inv = F32(1) / K.row_sum(ROW, C, PART)")
-        scale_expr = "ROW[c] * inv"
-    else:
-        eps = flit(node.attrs["epsilon"])
-        code.lines.append("    mean = K.row_sum(ROW, C, PART) / F32(C)")
-        code.lines.append("    q = K.row_sumsq(ROW, C, mean, PART)")
-        code.lines.append(f"    inv = F32(1) / np.sqrt(q / F32(C) + {eps})")
-        # scale and bias: vectors over the normalized dims
-        sc = row_vector(e, node.args[1], shape[axis:])
-        bi = row_vector(e, node.args[2], shape[axis:]) if len(node.args) > 2 else None
-        scale_expr = f"(ROW[c] - mean) * inv * {sc}"
-        if bi is not None:
-            scale_expr += f" + {bi}"
+    scale_expr = _row_statistics(e, node, shape[axis:])
     values_e: dict[int, str] = {a: "y"}
     hoist_e: list[str] = []
     e.loads = {}               # the loads are emitted anew in the epilogue's loop
@@ -95,6 +79,30 @@ def gen_rows(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> No
     code.lines.append(f"        y = {scale_expr}")
     code.lines += epi
     code.lines.append(f"        out[U(r * C + c)] = {e.store_expr(last)}")
+
+
+def _row_statistics(e: Emitter, node: BodyNode, cols_shape) -> str:
+    """Lines computing the statistics of the row in ROW (Softmax: max and sum of exp, the row
+    left exponentiated; LayerNorm: mean and inverse deviation); the expression of the
+    normalized value at column c."""
+    code = e.code
+    if node.op == "Softmax":
+        code.lines.append("    mx = K.row_max(ROW, C, PART)")
+        code.lines.append("    mx = F32(0) if mx == F32(-np.inf) else mx")
+        code.lines.append("    K.exp_shift(ROW, C, mx)")
+        code.lines.append("    inv = F32(1) / K.row_sum(ROW, C, PART)")
+        return "ROW[c] * inv"
+    eps = flit(node.attrs["epsilon"])
+    code.lines.append("    mean = K.row_sum(ROW, C, PART) / F32(C)")
+    code.lines.append("    q = K.row_sumsq(ROW, C, mean, PART)")
+    code.lines.append(f"    inv = F32(1) / np.sqrt(q / F32(C) + {eps})")
+    # scale and bias: vectors over the normalized dims
+    sc = row_vector(e, node.args[1], cols_shape)
+    bi = row_vector(e, node.args[2], cols_shape) if len(node.args) > 2 else None
+    scale_expr = f"(ROW[c] - mean) * inv * {sc}"
+    if bi is not None:
+        scale_expr += f" + {bi}"
+    return scale_expr
 
 
 def row_vector(e: Emitter, arg: Operand, cols_shape) -> str:
@@ -118,18 +126,14 @@ def row_vector(e: Emitter, arg: Operand, cols_shape) -> str:
 
 
 def gen_reduce(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> None:
+    """ReduceMean/ReduceSum/GlobalAveragePool over trailing axes: each row's sum in lanes, then
+    the epilogue, once per row or per element of the row (x - mean(x))."""
     node = e.body[a]
     code = e.code
     x_arg = node.args[0]
     in_shape = e.value_shape(x_arg)
     rank = len(in_shape)
-    if node.op == "GlobalAveragePool":
-        axes, mean = tuple(range(2, rank)), True
-    else:
-        axes, mean = tuple(sorted(a_ + rank if a_ < 0 else a_ for a_ in node.attrs["axes"])), \
-            node.op == "ReduceMean"
-        if not axes:
-            raise Unsupported("reduce over no axes")
+    axes, mean = _reduced_axes(node, rank)
     if e.dtypes[a] != "float32":
         raise Unsupported("reduction on non-float32")
     first = axes[0]
@@ -184,25 +188,7 @@ def gen_reduce(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> 
         epi = e.emit_nodes(post_nodes, uses_e, space_e, values_e, "        ", "r", "c",
                            hoist_e)
     last = values_e[e.root]
-    # the sum in 16 lanes (independent chains LLVM vectorizes), then the remainder
-    code.lines.append("PART = np.empty(K.LANES, np.float32)")
-    code.lines.append(f"CF = C - C % K.LANES")
-    code.lines.append("for r in range(R):")
-    code.lines += ["    " + h for h in hoist]
-    code.lines.append("    for k in range(K.LANES):")
-    code.lines.append("        PART[k] = F32(0)")
-    code.lines.append("    for c0 in range(0, CF, K.LANES):")
-    code.lines.append("        for k in range(K.LANES):")
-    code.lines.append("            c = c0 + k")
-    code.lines += pro
-    code.lines.append(f"            PART[k] += {xval}")
-    code.lines.append("    s = F32(0)")
-    code.lines.append("    for k in range(K.LANES):")
-    code.lines.append("        s += PART[k]")
-    code.lines.append("    for c in range(CF, C):")
-    code.lines += [line[4:] for line in pro]
-    code.lines.append(f"        s += {xval}")
-    code.lines.append("    y = s / F32(C)" if mean else "    y = s")
+    _lane_sum(code.lines, hoist, pro, xval, mean)
     code.lines += ["    " + h for h in hoist_e]
     if per_row:
         code.lines += epi
@@ -211,6 +197,40 @@ def gen_reduce(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> 
         code.lines.append("    for c in range(C):")
         code.lines += epi
         code.lines.append(f"        out[U(r * C + c)] = {e.store_expr(last)}")
+
+
+def _reduced_axes(node: BodyNode, rank: int) -> tuple[tuple[int, ...], bool]:
+    """The axes a reduction node sums over (sorted, non-negative), and whether it averages."""
+    if node.op == "GlobalAveragePool":
+        return tuple(range(2, rank)), True
+    axes = tuple(sorted(a_ + rank if a_ < 0 else a_ for a_ in node.attrs["axes"]))
+    if not axes:
+        raise Unsupported("reduce over no axes")
+    return axes, node.op == "ReduceMean"
+
+
+def _lane_sum(lines: list[str], hoist: list[str], pro: list[str], xval: str,
+              mean: bool) -> None:
+    """The loop over rows opening with each row's sum (or mean) of `xval` into y: in 16 lanes
+    (independent chains LLVM vectorizes), then the remainder."""
+    lines.append("PART = np.empty(K.LANES, np.float32)")
+    lines.append("CF = C - C % K.LANES")
+    lines.append("for r in range(R):")
+    lines += ["    " + h for h in hoist]
+    lines.append("    for k in range(K.LANES):")
+    lines.append("        PART[k] = F32(0)")
+    lines.append("    for c0 in range(0, CF, K.LANES):")
+    lines.append("        for k in range(K.LANES):")
+    lines.append("            c = c0 + k")
+    lines += pro
+    lines.append(f"            PART[k] += {xval}")
+    lines.append("    s = F32(0)")
+    lines.append("    for k in range(K.LANES):")
+    lines.append("        s += PART[k]")
+    lines.append("    for c in range(CF, C):")
+    lines += [line[4:] for line in pro]
+    lines.append(f"        s += {xval}")
+    lines.append("    y = s / F32(C)" if mean else "    y = s")
 
 
 def gen_pool(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> None:
