@@ -1,7 +1,7 @@
 """Per-kernel profile of a compiled model: the share of each kernel family in a run, at the
 thread count given, next to onnxruntime's own profiler output for the same model.
 
-    .venv/bin/python bench/profile.py [--threads N] [--top K] [--ort] MODEL
+    .venv/bin/python bench/kernel_profile.py [--threads N] [--top K] [--ort] MODEL
 
 Each kernel of the Numba program runs alone (its own step, not inside a segment), so the sum
 is a little above a segment run; the table groups kernels by their fused ops and prints the
