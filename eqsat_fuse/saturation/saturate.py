@@ -305,6 +305,35 @@ class RuleProgram:
                                 file=file, line=line, column=column)
         self.rules[name] = RuleInfo(name, ruleset, file, _location(text, span.i)[0])
 
+    def run_text(self, text: str, filename: str) -> None:
+        """Run trusted egglog text (a rule test case: lets, facts, runs, checks) on this
+        e-graph, with no allow-list. An egglog error, a failed `(check ...)` included, comes back
+        as `RuleFileError` at `filename:line:column`."""
+        commands = self._parse(text, filename)
+        try:
+            self.egraph.run_program(*commands)
+        except Exception as exc:   # egglog's own error type
+            raise _rule_file_error(exc, filename, text) from None
+
+    def run_schedule(self, max_iterations: int = 30) -> int:
+        """Repeat the schedule's iteration until the e-graph saturates, as `saturate` does, or
+        `max_iterations` have run; return how many ran."""
+        size_command = self.egraph.parse_program("(print-size)")
+
+        def size() -> int:
+            return sum(n for _, n in self.egraph.run_program(*size_command)[0].sizes)
+
+        nodes = size()
+        for iteration in range(1, max_iterations + 1):
+            outputs = self.egraph.run_program(*self.iteration)
+            changed = any(o.report.updated for o in outputs)
+            can_stop = all(o.report.can_stop for o in outputs)
+            new_nodes = size()
+            if not changed and new_nodes == nodes and can_stop:
+                return iteration
+            nodes = new_nodes
+        return max_iterations
+
 
 def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
              budgets: Budgets = Budgets(),
