@@ -51,7 +51,13 @@ class Case:
 def parse_cases(path: Path) -> list[Case]:
     """The cases of one case file, in order."""
     lines = path.read_text().splitlines()
-    starts = [(i, m.group(1)) for i, line in enumerate(lines) if (m := _CASE.fullmatch(line))]
+    starts = []
+    for i, line in enumerate(lines):
+        if match := _CASE.fullmatch(line):
+            starts.append((i, match.group(1)))
+        elif line.startswith("; case:"):
+            raise RuleFileError("a case line is `; case: NAME`, NAME one word (letters, digits, "
+                                "., -, _)", file=str(path), line=i + 1)
     prelude = lines[:starts[0][0]] if starts else lines
     cases = []
     for k, (start, name) in enumerate(starts):
@@ -206,3 +212,10 @@ def test_the_example_in_docs_rules_md_is_a_passing_case(tmp_path):
     path.write_text(example)
     (case,) = parse_cases(path)
     run_case(case)
+
+
+def test_a_malformed_case_line_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "bad.egg"
+    path.write_text("; case: fine\n(check (= (Absent) (Absent)))\n; case: two words\n")
+    with pytest.raises(RuleFileError, match=r"bad\.egg:3: a case line"):
+        parse_cases(path)
