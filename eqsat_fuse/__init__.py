@@ -4,16 +4,23 @@
     compiled = ef.compile("model.onnx", target="cpu")
     outputs = compiled.run({"x": x})
     print(compiled.report.summary())
+
+The public API is what this package exports; where each piece lives inside is free to change
+(docs/architecture.md).
 """
 
+from .checking.report import CheckReport, RuleResult
+from .checking.rulecheck import check_rules
+from .checking.verify import OutputCheck, VerifyResult
 from .errors import (CostModelError, EqsatFuseError, FeedError, LimitError, ModelError,
                      RuleFileError, RunError, VerificationError)
-from .saturation.limits import HardLimits
 from .pipeline import Compiled, compile
-from .saturation.saturate import Budgets
-from .checking.rulecheck import check_rules
+from .saturation.limits import HardLimits
+from .saturation.saturate import Budgets, StopReason
+from .tools.report import KernelReport, Report
 
-__all__ = ["compile", "Compiled", "Budgets", "EqsatFuseError", "ModelError", "RuleFileError",
-           "CostModelError", "FeedError", "VerificationError", "check_rules", "HardLimits",
-           "LimitError", "RunError"]
+__all__ = ["compile", "Compiled", "Budgets", "HardLimits", "StopReason", "Report",
+           "KernelReport", "VerifyResult", "OutputCheck", "check_rules", "CheckReport",
+           "RuleResult", "EqsatFuseError", "ModelError", "RuleFileError", "CostModelError",
+           "FeedError", "VerificationError", "LimitError", "RunError"]
 __version__ = "0.1.0"
