@@ -210,6 +210,7 @@ class RuleProgram:
         self.files: list[str] = []
         self.rules: dict[str, RuleInfo] = {}
         self.rulesets: list[str] = []
+        self._size_command = None          # "(print-size)", parsed once
         for path in rule_files():
             self._load(Path(path), trusted=True)
         schedule = schedule_file()
@@ -315,21 +316,37 @@ class RuleProgram:
         except Exception as exc:   # egglog's own error type
             raise _rule_file_error(exc, filename, text) from None
 
+    def size(self) -> int:
+        """E-nodes in the e-graph now."""
+        if self._size_command is None:
+            self._size_command = self.egraph.parse_program("(print-size)")
+        return sum(n for _, n in self.egraph.run_program(*self._size_command)[0].sizes)
+
+    def run_iteration(self, iteration: int) -> tuple[bool, dict[str, int]]:
+        """Run the schedule's iteration once (the `iteration`-th): whether the e-graph may have
+        saturated (nothing changed and every scheduler may stop; the caller compares sizes too)
+        and how often each rule matched in it."""
+        try:
+            outputs = self.egraph.run_program(*self.iteration)
+        except Exception as exc:   # egglog's own error type: a rule failed while running
+            raise EqsatFuseError(f"egglog failed while running the rules (iteration "
+                                 f"{iteration}): {' '.join(str(exc).split())}") from None
+        quiet, matches = True, {}
+        for output in outputs:
+            report = output.report
+            quiet &= not report.updated and report.can_stop
+            for rule, count in report.num_matches_per_rule.items():
+                matches[rule] = matches.get(rule, 0) + count
+        return quiet, matches
+
     def run_schedule(self, max_iterations: int = 30) -> int:
         """Repeat the schedule's iteration until the e-graph saturates, as `saturate` does, or
         `max_iterations` have run; return how many ran."""
-        size_command = self.egraph.parse_program("(print-size)")
-
-        def size() -> int:
-            return sum(n for _, n in self.egraph.run_program(*size_command)[0].sizes)
-
-        nodes = size()
+        nodes = self.size()
         for iteration in range(1, max_iterations + 1):
-            outputs = self.egraph.run_program(*self.iteration)
-            changed = any(o.report.updated for o in outputs)
-            can_stop = all(o.report.can_stop for o in outputs)
-            new_nodes = size()
-            if not changed and new_nodes == nodes and can_stop:
+            quiet, _ = self.run_iteration(iteration)
+            new_nodes = self.size()
+            if quiet and new_nodes == nodes:
                 return iteration
             nodes = new_nodes
         return max_iterations
@@ -346,14 +363,9 @@ def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
     program = RuleProgram(user_rules, target_rules)
     egraph = program.egraph
     egraph.run_program(*egraph.parse_program(encoding.program, filename="<model>"))
-    size_command = egraph.parse_program("(print-size)")
-
-    def size() -> int:
-        return sum(n for _, n in egraph.run_program(*size_command)[0].sizes)
-
     matches: dict[str, int] = {}
     records: list[IterationRecord] = []
-    nodes = size()
+    nodes = program.size()
     stop_reason = StopReason.ITERATION_BUDGET if budgets.iterations else StopReason.NOT_RUN
     iterations = 0
     while iterations < budgets.iterations:
@@ -364,26 +376,14 @@ def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
             stop_reason = StopReason.TIME_BUDGET
             break
         iteration_start = time.perf_counter()
-        try:
-            outputs = egraph.run_program(*program.iteration)
-        except Exception as exc:   # egglog's own error type: a rule failed while running
-            raise EqsatFuseError(f"egglog failed while running the rules (iteration "
-                                 f"{iterations + 1}): {' '.join(str(exc).split())}") from None
         iterations += 1
-        changed, can_stop = False, True
-        this_iteration: dict[str, int] = {}
-        for output in outputs:
-            report = output.report
-            changed |= report.updated
-            can_stop &= report.can_stop
-            for rule, count in report.num_matches_per_rule.items():
-                this_iteration[rule] = this_iteration.get(rule, 0) + count
+        quiet, this_iteration = program.run_iteration(iterations)
         for rule, count in this_iteration.items():
             matches[rule] = matches.get(rule, 0) + count
-        new_nodes = size()
+        new_nodes = program.size()
         records.append(iteration_record(iterations, this_iteration, new_nodes,
                                         time.perf_counter() - iteration_start))
-        if not changed and new_nodes == nodes and can_stop:
+        if quiet and new_nodes == nodes:
             stop_reason = StopReason.SATURATED
             nodes = new_nodes
             break
