@@ -14,6 +14,13 @@ kind, which the cost model and the kernel legality rules use:
 
 `evaluate` is the one place that maps a term-language operation onto `numpy_ops`; constant
 folding, the NumPy backend and the rule checker all go through it.
+
+The table is also where the stages look an operator up instead of keeping their own lists
+(docs/adding-an-op.md): its NumPy reference kernel (`reference`), its Numba scalar form
+(`scalar`, `scalar_f32`, `integers`), the inputs it is defined on (`domain`: the rule checker,
+the graph fuzzer and `calibrate` draw inputs inside it) and whether ONNX writes it as the op of
+the same name with the attributes defaulted (`onnx_plain`, `defaults`: the importer and the
+exporter take it one to one).
 """
 
 from __future__ import annotations
@@ -40,6 +47,23 @@ class OpSpec:
     # fact); () for none: no rule is generated
     fused_inputs: tuple[str, ...] = ()
     short: str = ""                      # its name in rule names (default: the name, lower case)
+    # the NumPy reference kernel: tensor inputs positionally (None for an absent one), the
+    # attributes as keywords under the names above; None: `evaluate` adapts the call itself
+    reference: Callable[..., np.ndarray] | None = None
+    # elementwise only: the Numba backend's scalar form, a `str.format` template: {0}, {1}...
+    # are the arguments' expressions, {alpha}... the attributes as literals of the compute
+    # dtype, {lit[0.5]} any number as such a literal; None: a case of its own in
+    # backends/numba/scalars.py (or no Numba form: the kernel runs on the NumPy backend)
+    scalar: str | None = None
+    scalar_f32: str | None = None        # the form in float32 where it differs (approximations)
+    integers: bool = False               # the scalar form holds on integer dtypes too
+    # the inputs the op is defined on, which checker, fuzzer and calibration draw inside:
+    # "any", "positive" (> 0) or "nonzero"
+    domain: str = "any"
+    # the ONNX node of the same name, inputs as they are, attributes `defaults` where absent:
+    # the importer and the exporter take it one to one
+    onnx_plain: bool = False
+    defaults: tuple[tuple[str, Any], ...] = ()   # ONNX default of each attribute (onnx_plain)
 
     @property
     def rule_stem(self) -> str:
@@ -55,11 +79,19 @@ class OpSpec:
                 for slot in self.fused_inputs}
 
 
-def _spec(name, inputs, attrs=(), kind="elementwise", optional=(), fused=None, short=""):
-    """`fused`: the elementwise op's fused input slots (default: all of them)."""
+def _spec(name, inputs, attrs=(), kind="elementwise", optional=(), fused=None, short="", *,
+          ref=None, scalar=None, scalar_f32=None, integers=False, domain="any", plain=None,
+          defaults=None):
+    """`fused`: the elementwise op's fused input slots (default: all of them); `plain`: whether
+    ONNX writes it one to one (default: an elementwise op without attributes, or one whose
+    attribute `defaults` are given)."""
     if fused is None:
         fused = inputs if kind == "elementwise" else ()
-    return OpSpec(name, tuple(inputs), tuple(attrs), kind, tuple(optional), tuple(fused), short)
+    if plain is None:
+        plain = kind == "elementwise" and (not attrs or defaults is not None)
+    return OpSpec(name, tuple(inputs), tuple(attrs), kind, tuple(optional), tuple(fused), short,
+                  ref, scalar, scalar_f32, integers, domain, plain,
+                  tuple((defaults or {}).items()))
 
 
 _SPECS = [
@@ -73,58 +105,71 @@ _SPECS = [
     _spec("TNil", [], [], "structure"),
     _spec("TCons", ["head", "tail"], [], "structure"),
     # elementwise
-    _spec("Relu", ["x"]),
-    _spec("LeakyRelu", ["x"], ["alpha"]),
-    _spec("Clip", ["x", "min", "max"], optional=["min", "max"], fused=["x"]),
-    _spec("Sigmoid", ["x"]),
-    _spec("HardSigmoid", ["x"], ["alpha", "beta"]),
-    _spec("HardSwish", ["x"]),
-    _spec("Tanh", ["x"]),
-    _spec("Erf", ["x"]),
-    _spec("Gelu", ["x"], ["approximate"]),
-    _spec("Add", ["a", "b"]),
-    _spec("Sub", ["a", "b"]),
-    _spec("Mul", ["a", "b"]),
-    _spec("Div", ["a", "b"]),
-    _spec("Pow", ["x", "y"]),
-    _spec("Sqrt", ["x"]),
-    _spec("Exp", ["x"]),
-    _spec("Log", ["x"]),
-    _spec("Neg", ["x"]),
-    _spec("Abs", ["x"]),
-    _spec("Reciprocal", ["x"]),
-    _spec("Where", ["cond", "x", "y"]),
-    _spec("Cast", ["x"], ["to"]),
+    _spec("Relu", ["x"], ref=npo.relu, scalar="({lit[0]} if {0} < {lit[0]} else {0})",
+          integers=True),
+    _spec("LeakyRelu", ["x"], ["alpha"], ref=npo.leaky_relu,
+          scalar="({0} if {0} >= {lit[0]} else {0} * {alpha})", defaults={"alpha": 0.01}),
+    _spec("Clip", ["x", "min", "max"], optional=["min", "max"], fused=["x"], ref=npo.clip),
+    _spec("Sigmoid", ["x"], ref=npo.sigmoid, scalar="(1.0 / (1.0 + np.exp(-{0})))",
+          scalar_f32="sigmoid_f32({0})"),
+    _spec("HardSigmoid", ["x"], ["alpha", "beta"], ref=npo.hard_sigmoid,
+          scalar="min(max(({0} * {alpha} + {beta}), {lit[0]}), {lit[1]})",
+          defaults={"alpha": 0.2, "beta": 0.5}),
+    _spec("HardSwish", ["x"], ref=npo.hard_swish,
+          scalar="({0} * min(max(({0} * {lit[0.16666666666666666]} + {lit[0.5]}), {lit[0]}), "
+                 "{lit[1]}))"),
+    _spec("Tanh", ["x"], ref=npo.tanh, scalar="np.tanh({0})", scalar_f32="tanh_f32({0})"),
+    _spec("Erf", ["x"], ref=npo.erf, scalar="math.erf({0})", scalar_f32="erf_f32({0})"),
+    _spec("Gelu", ["x"], ["approximate"], ref=npo.gelu, defaults={"approximate": "none"}),
+    _spec("Add", ["a", "b"], ref=npo.add, scalar="({0} + {1})", integers=True),
+    _spec("Sub", ["a", "b"], ref=npo.sub, scalar="({0} - {1})", integers=True),
+    _spec("Mul", ["a", "b"], ref=npo.mul, scalar="({0} * {1})", integers=True),
+    _spec("Div", ["a", "b"], ref=npo.div),
+    _spec("Pow", ["x", "y"], ref=npo.pow),
+    _spec("Sqrt", ["x"], ref=npo.sqrt, scalar="np.sqrt({0})", domain="positive"),
+    _spec("Exp", ["x"], ref=npo.exp, scalar="np.exp({0})", scalar_f32="exp_f32({0})"),
+    _spec("Log", ["x"], ref=npo.log, scalar="np.log({0})", domain="positive"),
+    _spec("Neg", ["x"], ref=npo.neg, scalar="(-{0})", integers=True),
+    _spec("Abs", ["x"], ref=npo.abs_, scalar="abs({0})"),
+    _spec("Reciprocal", ["x"], ref=npo.reciprocal, scalar="({lit[1]} / {0})", domain="nonzero"),
+    _spec("Where", ["cond", "x", "y"], ref=npo.where),
+    _spec("Cast", ["x"], ["to"], ref=npo.cast),
     _spec("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["epsilon"], fused=["x"],
-          short="batchnorm"),
+          short="batchnorm", ref=npo.batch_normalization,
+          scalar="(({0} - {3}) * ({1} / np.sqrt({4} + {epsilon})) + {2})"),
     # removed by the canon rules before fusion: no fusion rule of their own
-    _spec("Identity", ["x"], fused=[]),
-    _spec("Dropout", ["x"], fused=[]),
+    _spec("Identity", ["x"], fused=[], ref=npo.identity, scalar="{0}", integers=True),
+    _spec("Dropout", ["x"], fused=[], ref=npo.identity, scalar="{0}", integers=True),
     # anchors: contractions
-    _spec("Conv", ["x", "w", "b"], ["pads", "strides", "dilations", "group"], "anchor", ["b"]),
+    _spec("Conv", ["x", "w", "b"], ["pads", "strides", "dilations", "group"], "anchor", ["b"],
+          ref=npo.conv),
     _spec("ConvTranspose", ["x", "w", "b"],
-          ["pads", "strides", "dilations", "group", "output_padding"], "anchor", ["b"]),
-    _spec("MatMul", ["a", "b"], [], "anchor"),
-    _spec("Gemm", ["a", "b", "c"], ["alpha", "beta", "trans_a", "trans_b"], "anchor", ["c"]),
+          ["pads", "strides", "dilations", "group", "output_padding"], "anchor", ["b"],
+          ref=npo.conv_transpose),
+    _spec("MatMul", ["a", "b"], [], "anchor", ref=npo.matmul, plain=True),
+    _spec("Gemm", ["a", "b", "c"], ["alpha", "beta", "trans_a", "trans_b"], "anchor", ["c"],
+          ref=npo.gemm),
     # reductions: row and window kernels
-    _spec("Softmax", ["x"], ["axis"], "reduction"),
-    _spec("LayerNormalization", ["x", "scale", "bias"], ["axis", "epsilon"], "reduction", ["bias"]),
+    _spec("Softmax", ["x"], ["axis"], "reduction", ref=npo.softmax),
+    _spec("LayerNormalization", ["x", "scale", "bias"], ["axis", "epsilon"], "reduction", ["bias"],
+          ref=npo.layer_normalization),
     _spec("ReduceMean", ["x"], ["axes", "keepdims"], "reduction"),
     _spec("ReduceSum", ["x"], ["axes", "keepdims"], "reduction"),
-    _spec("MaxPool", ["x"], ["kernel_shape", "pads", "strides", "dilations", "ceil_mode"], "reduction"),
+    _spec("MaxPool", ["x"], ["kernel_shape", "pads", "strides", "dilations", "ceil_mode"],
+          "reduction", ref=npo.max_pool),
     _spec("AveragePool", ["x"],
           ["kernel_shape", "pads", "strides", "dilations", "ceil_mode", "count_include_pad"],
-          "reduction"),
-    _spec("GlobalAveragePool", ["x"], [], "reduction"),
-    _spec("LRN", ["x"], ["size", "alpha", "beta", "bias"], "reduction"),
+          "reduction", ref=npo.average_pool),
+    _spec("GlobalAveragePool", ["x"], [], "reduction", ref=npo.global_average_pool, plain=True),
+    _spec("LRN", ["x"], ["size", "alpha", "beta", "bias"], "reduction", ref=npo.lrn),
     # data movement
     _spec("Concat", ["xs"], ["axis"], "movement"),
-    _spec("Gather", ["data", "indices"], ["axis"], "movement"),
+    _spec("Gather", ["data", "indices"], ["axis"], "movement", ref=npo.gather),
     _spec("Pad", ["x"], ["pads", "mode", "value"], "movement"),
     # views: no arithmetic; NumPy gives a view (a copy only where strides force one)
-    _spec("Transpose", ["x"], ["perm"], "view"),
+    _spec("Transpose", ["x"], ["perm"], "view", ref=npo.transpose),
     _spec("Reshape", ["x"], ["shape"], "view"),
-    _spec("Flatten", ["x"], ["axis"], "view"),
+    _spec("Flatten", ["x"], ["axis"], "view", ref=npo.flatten),
     _spec("Squeeze", ["x"], ["axes"], "view"),
     _spec("Unsqueeze", ["x"], ["axes"], "view"),
     _spec("Slice", ["x"], ["starts", "ends", "axes", "steps"], "view"),
@@ -153,29 +198,11 @@ def _ints(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
-# Ops whose NumPy function takes the tensor inputs positionally and the attributes as keywords
-# under the same names; the rest are adapted below.
-_DIRECT: dict[str, Callable[..., np.ndarray]] = {
-    "Relu": npo.relu, "LeakyRelu": npo.leaky_relu, "Sigmoid": npo.sigmoid,
-    "HardSigmoid": npo.hard_sigmoid, "HardSwish": npo.hard_swish, "Tanh": npo.tanh, "Erf": npo.erf,
-    "Gelu": npo.gelu, "Add": npo.add, "Sub": npo.sub, "Mul": npo.mul, "Div": npo.div,
-    "Pow": npo.pow, "Sqrt": npo.sqrt, "Exp": npo.exp, "Log": npo.log, "Neg": npo.neg, "Abs": npo.abs_,
-    "Reciprocal": npo.reciprocal, "Where": npo.where, "Cast": npo.cast,
-    "BatchNormalization": npo.batch_normalization, "Identity": npo.identity, "Dropout": npo.identity,
-    "Conv": npo.conv, "ConvTranspose": npo.conv_transpose, "MatMul": npo.matmul, "Gemm": npo.gemm,
-    "Softmax": npo.softmax, "LayerNormalization": npo.layer_normalization,
-    "MaxPool": npo.max_pool, "AveragePool": npo.average_pool,
-    "GlobalAveragePool": npo.global_average_pool, "LRN": npo.lrn,
-    "Gather": npo.gather, "Transpose": npo.transpose, "Flatten": npo.flatten,
-}
-
-
 def evaluate(op: str, args: list[Any], attrs: dict[str, Any]) -> np.ndarray:
     """Compute one term-language operation on NumPy arrays (None for an absent input)."""
-    if op in _DIRECT:
-        return _DIRECT[op](*args, **attrs)
-    if op == "Clip":
-        return npo.clip(*args)
+    spec = OPS.get(op)
+    if spec is not None and spec.reference is not None:
+        return spec.reference(*args, **attrs)
     if op in ("ReduceMean", "ReduceSum"):
         fn = npo.reduce_mean if op == "ReduceMean" else npo.reduce_sum
         return fn(args[0], axes=tuple(attrs["axes"]), keepdims=attrs["keepdims"])

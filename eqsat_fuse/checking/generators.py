@@ -34,7 +34,8 @@ def _eps(s: _Sample) -> float:
     return s.pick((1e-5, 1e-3, 0.1, 0.5, 1.0)) if s.coin() else s.f(1e-3, 1.0)
 
 
-_ROLE_OF_UNARY = {"Sqrt": "positive", "Log": "positive", "Reciprocal": "nonzero"}
+# what a unary op's operand is drawn for: the op's `domain` in the operator table (positive for
+# Sqrt...), else the role asked of the op itself where the op passes it on, else any value
 _ROLE_PASSING = {"Mat", "Identity", "Dropout", "Relu", "Clip"}
 
 # attribute drawers of the elementwise operators, one per attribute slot
@@ -48,7 +49,8 @@ _UNARY_ATTRS: dict[str, list[Callable[[_Sample], Any]]] = {
 
 def _gen_unary(s, p, want, role, ranks):
     op = p.op
-    child_role = _ROLE_OF_UNARY.get(op, role if op in _ROLE_PASSING else "any")
+    domain = OPS[op].domain
+    child_role = domain if domain != "any" else role if op in _ROLE_PASSING else "any"
     x = s.make(p.args[0], want, child_role, ranks)
     if op == "Mat":
         return x
@@ -97,7 +99,9 @@ def _gen_broadcast(s, p, want, role, ranks):
     pr = "positive" if role == "positive" else "any"
     roles = {"Add": (pr, pr), "Mul": (pr, pr), "Sub": ("any", "any"),
              "Div": (pr, "positive" if role == "positive" else "nonzero"),
-             "Pow": ("positive", "exponent"), "Where": ("bool", pr, pr)}[op]
+             "Pow": ("positive", "exponent"), "Where": ("bool", pr, pr)}.get(op)
+    if roles is None:                    # another op of the table: its domain for every operand
+        roles = (OPS[op].domain,) * len(args)
     if op == "Pow" and isinstance(args[1], Var):
         exponent = s.hints.splat.get(args[1].name)
         if exponent is not None and float(exponent).is_integer():
@@ -569,12 +573,10 @@ def _gen_generic(s, p, want, role, ranks):
     return s.apply(p.op, tensors, attrs)
 
 
+# the operators with a generator of their own; the other elementwise ops of the operator table
+# take `_gen_unary` (one input) or `_gen_broadcast` (several), see `generator_for`
 _GENERATORS: dict[str, Callable] = {
-    **{op: _gen_unary for op in ("Mat", "Identity", "Dropout", "Relu", "LeakyRelu", "Sigmoid",
-                                 "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu", "Sqrt", "Exp",
-                                 "Log", "Neg", "Abs", "Reciprocal", "Cast")},
-    **{op: _gen_broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Where")},
-    "Clip": _gen_clip, "BatchNormalization": _gen_batchnorm, "Conv": _gen_conv,
+    "Mat": _gen_unary, "Clip": _gen_clip, "BatchNormalization": _gen_batchnorm, "Conv": _gen_conv,
     "ConvTranspose": _gen_conv_transpose, "MatMul": _gen_matmul, "Gemm": _gen_gemm,
     "Softmax": _gen_softmax, "LayerNormalization": _gen_layernorm,
     "ReduceMean": _gen_reduce, "ReduceSum": _gen_reduce, "MaxPool": _gen_pool,
@@ -588,5 +590,12 @@ _GENERATORS: dict[str, Callable] = {
 
 
 def generator_for(op: str) -> Callable:
-    """The generator of an operator; `_gen_generic` for those without their own."""
-    return _GENERATORS.get(op) or _gen_generic
+    """The generator of an operator: its own; an elementwise op's by its arity; else
+    `_gen_generic`."""
+    own = _GENERATORS.get(op)
+    if own is not None:
+        return own
+    spec = OPS.get(op)
+    if spec is not None and spec.kind == "elementwise":
+        return _gen_unary if len(spec.inputs) == 1 else _gen_broadcast
+    return _gen_generic

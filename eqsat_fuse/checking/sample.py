@@ -51,10 +51,15 @@ class _Reject(Exception):
 
 
 _FLOAT_TYPES = ("float16", "float32", "float64")
-_SHAPE_PRESERVING = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf",
-                     "Gelu", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Cast", "Mat",
-                     "Identity", "Dropout", "Clip", "Softmax", "LRN", "LayerNormalization",
-                     "BatchNormalization"}
+# ops whose result has the shape of their first input: these, and every elementwise op of one
+# input in the operator table (`unary_elementwise`)
+_SHAPE_PRESERVING = {"Mat", "Clip", "Softmax", "LRN", "LayerNormalization", "BatchNormalization"}
+
+
+def unary_elementwise(op: str) -> bool:
+    """Whether the operator table has `op` as an elementwise op of one tensor input."""
+    spec = OPS.get(op)
+    return spec is not None and spec.kind == "elementwise" and len(spec.inputs) == 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -271,7 +276,7 @@ class _Sample:
             return 0
         if p.op == "Ints":
             return 1
-        if p.op in _SHAPE_PRESERVING:
+        if p.op in _SHAPE_PRESERVING or unary_elementwise(p.op):
             return self.rank_of(p.args[0])
         if p.op in ("Conv", "ConvTranspose"):
             return self.rank_of(p.args[0]) or self.rank_of(p.args[1])

@@ -352,25 +352,32 @@ def _opt(node: onnx.NodeProto, position: int) -> str | None:
     return node.input[position] if position < len(node.input) and node.input[position] else None
 
 
+# The ops with a normalizer of their own; the rest of those ONNX writes one to one are read
+# off the operator table (`_normalizer`).
 _NORMALIZERS: dict[str, Callable] = {
     "Conv": _norm_conv, "ConvTranspose": _norm_conv_transpose,
     "MaxPool": _norm_pool, "AveragePool": _norm_pool,
     "BatchNormalization": _norm_batchnorm, "LayerNormalization": _norm_layernorm,
     "ReduceMean": _norm_reduce, "ReduceSum": _norm_reduce, "Softmax": _norm_softmax,
     "Gemm": _norm_gemm, "Clip": _norm_clip, "Dropout": _norm_dropout,
-    "LeakyRelu": _norm_unary_attrs({"alpha": 0.01}),
-    "HardSigmoid": _norm_unary_attrs({"alpha": 0.2, "beta": 0.5}),
-    "Gelu": _norm_unary_attrs({"approximate": "none"}),
     "Cast": _norm_cast, "Transpose": _norm_transpose,
     "Reshape": _norm_static_shape("Reshape"), "Expand": _norm_static_shape("Expand"),
     "Flatten": _norm_flatten, "Squeeze": _norm_squeeze, "Unsqueeze": _norm_unsqueeze,
     "Concat": _norm_concat, "Split": _norm_split, "Slice": _norm_slice, "Gather": _norm_gather,
     "Pad": _norm_pad, "LRN": _norm_lrn,
 }
-for _op in ("Relu", "Sigmoid", "HardSwish", "Tanh", "Erf", "Add", "Sub", "Mul", "Div", "Pow",
-            "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Where", "Identity", "MatMul",
-            "GlobalAveragePool"):
-    _NORMALIZERS[_op] = _norm_plain
+
+
+def _normalizer(op_type: str) -> Callable | None:
+    """The normalizer of an ONNX op type: its own, or, for an op the operator table marks
+    `onnx_plain`, its inputs as they are with its attribute `defaults` filled in."""
+    own = _NORMALIZERS.get(op_type)
+    if own is not None:
+        return own
+    spec = OPS.get(op_type)
+    if spec is None or not spec.onnx_plain:
+        return None
+    return _norm_unary_attrs(dict(spec.defaults)) if spec.defaults else _norm_plain
 
 
 # String attributes the term language carries, and the values ONNX defines for them.
@@ -453,7 +460,7 @@ def _normalize(node: onnx.NodeProto, ctx: _Context) -> list[Node]:
             nodes.append(Node("Add", [acc, other], [out], {}, f"{label}::{i}"))
             acc = out
         return nodes
-    normalizer = _NORMALIZERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    normalizer = _normalizer(node.op_type) if node.domain in ("", "ai.onnx") else None
     if normalizer is not None:
         try:
             op, inputs, attrs = normalizer(node, ctx)

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
-from .values import BOUND, MAX_NUMEL, _broadcast, _erf, _flat_elementwise, _numel, _sigmoid, _Val
+from .values import (BOUND, MAX_NUMEL, _broadcast, _erf, _flat_elementwise, _numel, _sigmoid,
+                     _Val, sampled_interval, table_unary_ops)
 
 
 class _ElementwiseFamilies:
@@ -23,6 +24,7 @@ class _ElementwiseFamilies:
         ops = [o for o in ("Relu", "Sigmoid", "Tanh", "Neg", "Abs", "LeakyRelu", "Erf", "Exp",
                            "HardSigmoid", "HardSwish", "Clip", "Gelu", "Sqrt", "Log",
                            "Reciprocal") if self.allowed(o)]
+        ops += [o for o in table_unary_ops() if self.allowed(o)]
         if op is None:
             if not ops:
                 return False
@@ -89,9 +91,26 @@ class _ElementwiseFamilies:
                 x = self.op("Neg", [x], x.shape, -x.hi, -x.lo, x.flat)
             ins = [x]
             nlo, nhi = 1.0 / x.hi, 1.0 / x.lo
+        elif op in table_unary_ops():
+            x, nlo, nhi = self.table_unary(op, x)
+            ins = [x]
         else:
             raise AssertionError(op)
         return self.op(op, ins, x.shape, nlo, nhi, x.flat, **attrs)
+
+    def table_unary(self, op: str, x: _Val) -> tuple[_Val, float, float]:
+        """An operand for a unary op of the operator table (inside its domain, tamed where
+        its values would leave the bounds) and the interval of the op's values on it."""
+        from ..ops import OPS
+        if OPS[op].domain != "any":
+            x = self.positive(x, 0.1)
+        nlo, nhi = sampled_interval(op, x.lo, x.hi)
+        if not (max(abs(nlo), abs(nhi)) <= BOUND):
+            x = self.tame(x, 1.0)
+            if OPS[op].domain != "any":
+                x = self.positive(x, 0.1)
+            nlo, nhi = sampled_interval(op, x.lo, x.hi)
+        return x, nlo, nhi
 
     def f_binary(self, op: str | None = None) -> bool:
         ops = [o for o in ("Add", "Mul", "Sub", "Div", "Pow") if self.allowed(o)]

@@ -33,6 +33,34 @@ GENERATED_OPS = ELEMENTWISE_OPS | frozenset({
 _MIN_OPSET = {"LayerNormalization": 17, "Gelu": 20, "HardSwish": 14}
 _MIN_SUPPORTED_OPSET = 13
 
+
+
+def table_unary_ops() -> list[str]:
+    """The unary elementwise ops of the operator table (eqsat_fuse/ops.py) the families above
+    do not write by hand: ONNX ops of the same name (`onnx_plain`) with a NumPy reference. The
+    builder writes them without attributes (their ONNX defaults), inputs inside their `domain`,
+    and bounds their values by `sampled_interval`."""
+    from ..ops import OPS
+    return [op for op, spec in OPS.items()
+            if spec.kind == "elementwise" and len(spec.inputs) == 1 and spec.onnx_plain
+            and spec.reference is not None and op not in ELEMENTWISE_OPS]
+
+
+def sampled_interval(op: str, lo: float, hi: float) -> tuple[float, float]:
+    """An interval holding a table op's values over [lo, hi], from its reference on a grid of
+    the interval (widened by a margin: the fuzzer's intervals need only be safe, not tight);
+    (nan, nan) where it is not finite there."""
+    from ..ops import OPS
+    spec = OPS[op]
+    grid = np.linspace(lo, hi, 257).astype(np.float32)
+    with np.errstate(all="ignore"):
+        ys = np.asarray(spec.reference(grid, **dict(spec.defaults)), dtype=np.float64)
+    if not np.all(np.isfinite(ys)):
+        return math.nan, math.nan
+    margin = 0.01 * (float(ys.max()) - float(ys.min())) + 1e-3
+    return float(ys.min()) - margin, float(ys.max()) + margin
+
+
 _ACTIVATIONS = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Clip",
                 "Gelu", "Swish")
 

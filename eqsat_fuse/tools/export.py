@@ -451,17 +451,15 @@ class _Exporter:
         op, a = node.op, node.attrs
         emit = lambda onnx_op, inputs, **attrs: scope.node(onnx_op, inputs, [out], name=label,
                                                            **attrs)
-        if op in _PLAIN:
-            emit(op, args)
-        elif op == "LeakyRelu":
-            emit(op, args, alpha=float(a["alpha"]))
-        elif op == "HardSigmoid":
-            emit(op, args, alpha=float(a["alpha"]), beta=float(a["beta"]))
-        elif op == "Gelu":
+        if op == "Gelu":
             if self.opset >= 20:
                 emit(op, args, approximate=str(a["approximate"]))
             else:
                 self._gelu(scope, args[0], dtype, str(a["approximate"]), out, label)
+        elif op in OPS and OPS[op].onnx_plain:
+            # the ONNX op of the same name (operator table), its attributes typed as their
+            # ONNX defaults are
+            emit(op, args, **{key: type(default)(a[key]) for key, default in OPS[op].defaults})
         elif op == "Cast":
             to = _elem_type(a["to"])
             # the importer keeps a float8 Cast in the term language only when it does not
@@ -674,13 +672,6 @@ class _Exporter:
 
 _FLOAT8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
            onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ}
-
-# Ops written as the ONNX op of the same name with their inputs and no attributes.
-_PLAIN = {"Relu", "Sigmoid", "HardSwish", "Tanh", "Erf", "Add", "Sub", "Mul", "Div", "Pow",
-          "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Where", "Identity", "Dropout",
-          "MatMul",
-          "GlobalAveragePool", "Clip"}
-
 
 def _hint(out: str, scope: _Scope) -> str:
     """The prefix of a literal's name: inside a function plain, in the graph its user's name."""

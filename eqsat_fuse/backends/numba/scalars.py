@@ -1,14 +1,20 @@
 """Scalar source text: the Python/Numba expression of one elementwise op on scalar arguments
-(`scalar_expr`), literals, and the dtype every body node computes in (`node_dtypes`)."""
+(`scalar_expr`), literals, and the dtype every body node computes in (`node_dtypes`).
+
+A plain op's expression is its operator-table template (`OpSpec.scalar`, `scalar_f32` in
+eqsat_fuse/ops.py); the ops whose expression needs logic (Div, Clip, Where, Cast, Pow, Gelu)
+are cases here."""
 
 from __future__ import annotations
 
 import math
+import string
 from typing import Any, Callable
 
 import numpy as np
 
 from ...ir import BodyNode, Operand
+from ...ops import OPS
 from .spaces import Unsupported
 
 NP_TYPES = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64",
@@ -69,28 +75,18 @@ def scalar_expr(node: BodyNode, args: list[str], dtypes: list[str], out_dtype: s
         return flit(v) if f32 else f"{T}({float(v)!r})" if is_float else f"{T}({int(v)!r})"
 
     a = args[0] if args else None
-    if op in ("Identity", "Dropout"):
-        return a
-    if op == "Add":
-        return f"({a} + {args[1]})"
-    if op == "Sub":
-        return f"({a} - {args[1]})"
-    if op == "Mul":
-        return f"({a} * {args[1]})"
+    spec = OPS.get(op)
+    if spec is not None and spec.scalar is not None:
+        if not is_float and not spec.integers:
+            raise Unsupported(f"{op} on {out_dtype}")
+        template = spec.scalar_f32 if f32 and spec.scalar_f32 is not None else spec.scalar
+        return _TEMPLATE.vformat(template, args, _Literals(node.attrs, lit))
     if op == "Div":
         if not is_float:
             raise Unsupported("integer Div")
         return f"({a} / {args[1]})"
-    if op == "Neg":
-        return f"(-{a})"
-    if not is_float and op not in ("Relu", "Where", "Cast", "Clip"):
+    if not is_float and op not in ("Where", "Cast", "Clip"):
         raise Unsupported(f"{op} on {out_dtype}")
-    if op == "Abs":
-        return f"abs({a})"
-    if op == "Relu":
-        return f"({lit(0)} if {a} < {lit(0)} else {a})"
-    if op == "LeakyRelu":
-        return f"({a} if {a} >= {lit(0)} else {a} * {lit(node.attrs['alpha'])})"
     if op == "Clip":
         v = a
         if len(args) > 1 and node.args[1].kind != "absent":
@@ -102,36 +98,38 @@ def scalar_expr(node: BodyNode, args: list[str], dtypes: list[str], out_dtype: s
         return f"({args[1]} if {a} else {args[2]})"
     if op == "Cast":
         return _cast_expr(node, a, dtypes)
-    if op == "Sqrt":
-        return f"np.sqrt({a})"
-    if op == "Reciprocal":
-        return f"({lit(1)} / {a})"
-    if op == "Log":
-        return f"np.log({a})"
     if op == "Pow":
         return _pow_expr(a, args, const_value(1), lit)
-    approx = {"Exp": "exp_f32", "Tanh": "tanh_f32", "Sigmoid": "sigmoid_f32", "Erf": "erf_f32"}
-    if op in approx:
-        if f32:
-            return f"{approx[op]}({a})"
-        libm = {"Exp": "np.exp({})", "Tanh": "np.tanh({})", "Erf": "math.erf({})",
-                "Sigmoid": "(1.0 / (1.0 + np.exp(-{})))"}
-        return libm[op].format(a)
     if op == "Gelu":
         if not f32:
             raise Unsupported("float64 Gelu")
         return f"gelu_tanh_f32({a})" if node.attrs.get("approximate") == "tanh" \
             else f"gelu_f32({a})"
-    if op == "HardSigmoid":
-        v = f"({a} * {lit(node.attrs['alpha'])} + {lit(node.attrs['beta'])})"
-        return f"min(max({v}, {lit(0)}), {lit(1)})"
-    if op == "HardSwish":
-        v = f"({a} * {lit(1.0 / 6.0)} + {lit(0.5)})"
-        return f"({a} * min(max({v}, {lit(0)}), {lit(1)}))"
-    if op == "BatchNormalization":
-        eps = lit(node.attrs["epsilon"])
-        return (f"(({a} - {args[3]}) * ({args[1]} / np.sqrt({args[4]} + {eps})) + {args[2]})")
     raise Unsupported(f"op {op}")
+
+
+_TEMPLATE = string.Formatter()
+
+
+class _Literals:
+    """The keyword fields of a scalar template: each attribute as a literal of the compute
+    dtype, and `lit`, which gives any number (`{lit[0.5]}`) as one."""
+
+    def __init__(self, attrs: dict[str, Any], lit: Callable[[float], str]):
+        self.attrs, self.lit = attrs, lit
+
+    def __getitem__(self, key: str):
+        if key == "lit":
+            return _Numbers(self.lit)
+        return self.lit(self.attrs[key])
+
+
+class _Numbers:
+    def __init__(self, lit: Callable[[float], str]):
+        self.lit = lit
+
+    def __getitem__(self, key) -> str:
+        return self.lit(float(key) if isinstance(key, str) else key)
 
 
 def _cast_expr(node: BodyNode, a: str, dtypes: list[str]) -> str:

@@ -53,6 +53,18 @@ def _unary_float(fn: Callable[[np.ndarray], np.ndarray], x) -> np.ndarray:
         return _down(fn(_up(x)), x.dtype)
 
 
+def float_kernel(fn: Callable[..., np.ndarray], doc: str = "") -> Callable[..., np.ndarray]:
+    """The kernel of an elementwise op computing `fn` of its float inputs (in their working
+    dtype; the result in the first one's), attributes as keywords: an operator-table entry's
+    `ref=float_kernel(np.sin)` (docs/adding-an-op.md) instead of a function here."""
+    def kernel(*tensors, **attrs):
+        arrays = [np.asarray(t) for t in tensors]
+        with np.errstate(all="ignore"):
+            return _down(fn(*[_up(a) for a in arrays], **attrs), arrays[0].dtype)
+    kernel.__doc__ = doc or fn.__doc__
+    return kernel
+
+
 def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Integer division rounding toward zero (C semantics); a, b same int dtype."""
     with np.errstate(all="ignore"):
