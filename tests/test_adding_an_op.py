@@ -110,8 +110,8 @@ def test_the_generated_rules_of_the_new_op_are_sound(softplus_added):
 
     names = {f"elementwise-{OP.lower()}", f"fuse-{OP.lower()}"}
     report = check_rules([softplus_added / "generated.egg"], examples=10, names=names)
-    assert {r.name for r in report.results} == names
-    assert not report.with_status("unsound") and not report.with_status("unchecked"), \
+    statuses = {r.name: r.status for r in report.results}
+    assert statuses == {f"elementwise-{OP.lower()}": "fact", f"fuse-{OP.lower()}": "passed"}, \
         report.summary()
 
 
