@@ -82,13 +82,18 @@ def _auto_pads(auto_pad: str, in_spatial, kernel, strides, dilations, explicit) 
     return begins + ends
 
 
-def _norm_conv(node, ctx: _Context):
+def _window(node, ctx: _Context) -> tuple[dict, list[int], list[int], list[int]]:
+    """A Conv's or ConvTranspose's attributes, kernel shape (from the weights when not given),
+    strides and dilations (ONNX defaults filled in)."""
     a = _attrs(node)
-    w = ctx.info(node.input[1]).shape
-    kernel = list(a.get("kernel_shape", w[2:]))
+    kernel = list(a.get("kernel_shape", ctx.info(node.input[1]).shape[2:]))
     rank = len(kernel)
-    strides = list(a.get("strides", [1] * rank))
-    dilations = list(a.get("dilations", [1] * rank))
+    return (a, kernel, list(a.get("strides", [1] * rank)),
+            list(a.get("dilations", [1] * rank)))
+
+
+def _norm_conv(node, ctx: _Context):
+    a, kernel, strides, dilations = _window(node, ctx)
     x = ctx.info(node.input[0]).shape
     pads = _auto_pads(_str(a.get("auto_pad", "NOTSET")), x[2:], kernel, strides, dilations,
                       a.get("pads"))
@@ -97,12 +102,8 @@ def _norm_conv(node, ctx: _Context):
 
 
 def _norm_conv_transpose(node, ctx: _Context):
-    a = _attrs(node)
-    w = ctx.info(node.input[1]).shape
-    kernel = list(a.get("kernel_shape", w[2:]))
+    a, kernel, strides, dilations = _window(node, ctx)
     rank = len(kernel)
-    strides = list(a.get("strides", [1] * rank))
-    dilations = list(a.get("dilations", [1] * rank))
     output_padding = list(a.get("output_padding", [0] * rank))
     auto_pad = _str(a.get("auto_pad", "NOTSET"))
     x = ctx.info(node.input[0]).shape

@@ -37,6 +37,13 @@ def _up(x: np.ndarray) -> np.ndarray:
     return x.astype(_work_dtype(x.dtype), copy=False)
 
 
+def _pair(x, w) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A contraction's operands: both as arrays, then both in x's working dtype."""
+    x, w = np.asarray(x), np.asarray(w)
+    xw = _up(x)
+    return x, w, xw, w.astype(xw.dtype, copy=False)
+
+
 def _down(y: np.ndarray, dt: np.dtype) -> np.ndarray:
     """y converted back to the ONNX output dtype dt."""
     return np.asarray(y).astype(dt, copy=False)
@@ -276,11 +283,8 @@ def identity(x):
 
 def conv(x, w, b=None, *, pads, strides, dilations, group):
     """N-d (1-D/2-D/3-D) grouped cross-correlation NC[D][H]W with weights M x C/group x k..."""
-    x = np.asarray(x)
-    w = np.asarray(w)
+    x, w, xw, ww = _pair(x, w)
     out_dtype = x.dtype
-    xw = _up(x)
-    ww = w.astype(xw.dtype, copy=False)
     nd = x.ndim - 2
     N, C = x.shape[:2]
     M = w.shape[0]
@@ -326,11 +330,8 @@ def conv(x, w, b=None, *, pads, strides, dilations, group):
 
 def conv_transpose(x, w, b=None, *, pads, strides, dilations, group, output_padding):
     """N-d grouped transposed convolution (weights C x M/group x k...), pads already resolved."""
-    x = np.asarray(x)
-    w = np.asarray(w)
+    x, w, xw, ww = _pair(x, w)
     out_dtype = x.dtype
-    xw = _up(x)
-    ww = w.astype(xw.dtype, copy=False)
     nd = x.ndim - 2
     N, C = x.shape[:2]
     in_sp = tuple(x.shape[2:])
@@ -387,11 +388,8 @@ def matmul(a, b):
 
 def gemm(a, b, c=None, *, alpha, beta, trans_a, trans_b):
     """alpha * op(A) @ op(B) + beta * C, C broadcast (unused if beta == 0, as ORT)."""
-    a = np.asarray(a)
-    b = np.asarray(b)
+    a, b, aw, bw = _pair(a, b)
     out_dtype = a.dtype
-    aw = _up(a)
-    bw = b.astype(aw.dtype, copy=False)
     if trans_a:
         aw = aw.T
     if trans_b:
