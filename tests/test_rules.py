@@ -205,7 +205,8 @@ case("matmul-bn-fold",
      all_of(no_op("BatchNormalization"), kernels_at_most(1)))
 for name, op, cshape, bias in [
         ("conv-channel-scale-fold", "Mul", (4, 1, 1), True),
-        ("conv-channel-scale-fold-4d", "Mul", (1, 4, 1, 1), True),
+        ("channel-scale-3d", "Mul", (1, 4, 1, 1), True),
+        ("channel-shift-3d", "Add", (1, 4, 1, 1), True),
         ("conv-nobias-channel-scale-fold", "Mul", (4, 1, 1), False),
         ("conv-channel-shift-fold", "Add", (4, 1, 1), True),
         ("conv-nobias-channel-shift-fold", "Add", (4, 1, 1), False)]:
@@ -306,6 +307,29 @@ case("gelu-tanh",
             "k2": np.array(np.sqrt(2 / np.pi), F), "one": np.array(1.0, F),
             "half": np.array(0.5, F)}),
      all_of(kernels_at_most(1), kernel_with("Gelu")))
+
+case("half-out-of-rhs",    # the dynamo exporter's GELU: x * (0.5 * (1 + erf(x / sqrt 2)))
+     graph([("Div", ["x", "r2"], ["q"], {}), ("Erf", ["q"], ["e"], {}),
+            ("Add", ["e", "one"], ["o"], {}), ("Mul", ["half", "o"], ["ho"], {}),
+            ("Mul", ["x", "ho"], ["y"], {})], {"x": [4, 8]}, {"y": [4, 8]},
+           {"r2": np.array(np.sqrt(2), F), "one": np.array(1.0, F), "half": np.array(0.5, F)}),
+     all_of(kernels_at_most(1), kernel_with("Gelu")))
+case("gelu-erf-rsqrt2",    # x * (1 + erf(x * 0.7071..)) * 0.5
+     graph([("Mul", ["x", "r2"], ["q"], {}), ("Erf", ["q"], ["e"], {}),
+            ("Add", ["e", "one"], ["o"], {}), ("Mul", ["x", "o"], ["p"], {}),
+            ("Mul", ["p", "half"], ["y"], {})], {"x": [4, 8]}, {"y": [4, 8]},
+           {"r2": np.array(1 / np.sqrt(2), F), "one": np.array(1.0, F), "half": np.array(0.5, F)}),
+     all_of(kernels_at_most(1), kernel_with("Gelu")))
+case("half-out-of-lhs",    # onnxscript's GELU: (0.5 * x) * (1 + erf(x * 0.7071..))
+     graph([("Mul", ["x", "r"], ["q"], {}), ("Erf", ["q"], ["e"], {}),
+            ("Add", ["e", "one"], ["o"], {}), ("Mul", ["half", "x"], ["hx"], {}),
+            ("Mul", ["hx", "o"], ["y"], {})], {"x": [4, 8]}, {"y": [4, 8]},
+           {"r": np.array(1 / np.sqrt(2), F), "one": np.array(1.0, F),
+            "half": np.array(0.5, F)}),
+     all_of(kernels_at_most(1), kernel_with("Gelu")))
+case("pow-three",
+     graph([("Pow", ["x", "three"], ["c"], {}), ("Relu", ["c"], ["y"], {})],
+           {"x": [4, 8]}, {"y": [4, 8]}, {"three": np.array(3.0, F)}), kernels_at_most(1))
 
 
 def siblings(n):
