@@ -74,7 +74,24 @@ class Report:
         return f" ({added:+d} {verb} by upgrading opset {self.source_opset})"
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(asdict(self), fusions=self.fusions)
+
+    @property
+    def fusions(self) -> dict[str, int]:
+        """What was fused, as onnxruntime's fusion statistics count it: pattern -> count, from
+        the kernels. The operators that rules recognize in their decomposed forms ("Gelu",
+        "LayerNormalization") as the program runs them (recognized, or written so in the
+        model), then each fused kernel's shape, its ops in order ("Conv+Relu",
+        "MatMul+Add+Gelu")."""
+        counts: dict[str, int] = {}
+        for op in RECOGNIZED:
+            n = sum(k.ops.count(op) for k in self.kernels if k.kind == "compute")
+            if n:
+                counts[op] = n
+        for kernel in self.fused:
+            key = "+".join(kernel.ops)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     @property
     def fused(self) -> list[KernelReport]:
@@ -111,15 +128,21 @@ class Report:
         if self.opaque_ops:
             lines.append(f"opaque        {', '.join(self.opaque_ops)} (run by onnx.reference)")
         lines += [f"note          {note}" for note in self.notes]
-        groups: dict[str, int] = {}
-        for kernel in self.fused:
-            key = "+".join(kernel.ops)
-            groups[key] = groups.get(key, 0) + 1
+        fusions = self.fusions
+        recognized = {k: v for k, v in fusions.items() if k in RECOGNIZED}
+        if recognized:
+            lines.append("recognized    " + ", ".join(f"{count} {name}" for name, count
+                                                      in recognized.items()))
+        groups = {k: v for k, v in fusions.items() if k not in RECOGNIZED}
         if groups:
             lines.append("fused kernels:")
             for key, count in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0])):
                 lines.append(f"  {count:4d} x {key}")
         return "\n".join(lines)
+
+
+# The operators `Report.fusions` counts on their own: those the fuse rules recognize.
+RECOGNIZED = ("Gelu", "LayerNormalization")
 
 
 def _extraction_note(details: dict[str, Any]) -> str:
