@@ -11,7 +11,8 @@ then
 
     .venv/bin/python bench/models.py /work/bench-models/*.onnx
 
-NAME is one of the specs below (default: all).
+NAME is one of the specs below, or of VARIANTS (DenseNet-121, dynamo-exported BERT and GPT-2
+blocks; the dynamo exporter needs onnxscript in the export venv) (default: all).
 """
 
 from __future__ import annotations
@@ -91,6 +92,125 @@ SPECS = [
 ]
 
 
+# ---------------------------------------------------------------- exporter variants (issue 14)
+# Models whose exports spell fusions differently from the specs above: DenseNet-121 (Conv ->
+# BatchNormalization -> Relu after a Concat), and BERT/GPT-2 blocks through the dynamo exporter
+# (`x * (0.5 * (1 + erf(x / sqrt 2)))`, GELU's tanh form). torchvision is not in the export
+# venv, so DenseNet-121 is written out here, as torchvision builds it.
+
+def densenet121(num_classes: int = 1000):
+    """torchvision's DenseNet-121 (growth 32, blocks 6-12-24-16, bn_size 4), random weights."""
+    import torch
+    from torch import nn
+
+    class Layer(nn.Module):
+        def __init__(self, cin, growth=32, bn_size=4):
+            super().__init__()
+            self.norm1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, bn_size * growth, 1,
+                                                                     bias=False)
+            self.norm2 = nn.BatchNorm2d(bn_size * growth)
+            self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
+
+        def forward(self, feats):
+            x = self.conv1(torch.relu(self.norm1(torch.cat(feats, 1))))
+            return self.conv2(torch.relu(self.norm2(x)))
+
+    class Block(nn.Module):
+        def __init__(self, n, cin):
+            super().__init__()
+            self.layers = nn.ModuleList(Layer(cin + i * 32) for i in range(n))
+
+        def forward(self, x):
+            feats = [x]
+            for layer in self.layers:
+                feats.append(layer(feats))
+            return torch.cat(feats, 1)
+
+    mods, c = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+               nn.MaxPool2d(3, 2, 1)], 64
+    for i, n in enumerate((6, 12, 24, 16)):
+        mods.append(Block(n, c))
+        c += n * 32
+        if i != 3:
+            mods += [nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False),
+                     nn.AvgPool2d(2, 2)]
+            c //= 2
+    mods += [nn.BatchNorm2d(c), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+             nn.Linear(c, num_classes)]
+    return nn.Sequential(*mods)
+
+
+def export_variants(out: Path, wanted: set[str]) -> list[str]:
+    """densenet121_224 (TorchScript exporter), bert_block_dynamo_128 and gpt2_block_dynamo_128
+    (two layers each, the dynamo exporter); each checked against torch through onnxruntime."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    import transformers
+    failed = []
+
+    def save(name, model, args, input_names, dynamo):
+        path = out / f"{name}.onnx"
+        if dynamo:
+            torch.onnx.export(model, args, str(path), dynamo=True, opset_version=18,
+                              input_names=input_names, external_data=False)
+        else:
+            torch.onnx.export(model, args, str(path), dynamo=False, opset_version=17,
+                              input_names=input_names, do_constant_folding=True,
+                              training=torch.onnx.TrainingMode.PRESERVE)
+        with torch.no_grad():
+            want = model(*args)
+        want = want[0] if isinstance(want, tuple) else want
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        got = sess.run(None, {k: a.numpy() for k, a in zip(input_names, args)})[0]
+        diff = float(np.max(np.abs(got - want.numpy())))
+        assert diff < 1e-3, f"{name}: max|ort-torch| {diff}"
+        print(f"ok   {name:24s} {path.stat().st_size / 2**20:7.1f} MiB  max|ort-torch| {diff:.2e}",
+              flush=True)
+
+    if not wanted or "densenet121_224" in wanted:
+        torch.manual_seed(em.SEED)
+        model = densenet121()
+        em.randomise_batchnorm(model, torch.Generator().manual_seed(em.SEED + 1))
+        x = torch.randn((1, 3, 224, 224), generator=torch.Generator().manual_seed(em.SEED + 2))
+        try:
+            save("densenet121_224", model.eval(), (x,), ["pixel_values"], dynamo=False)
+        except Exception as e:  # report, keep going
+            failed.append("densenet121_224")
+            print(f"FAIL densenet121_224: {type(e).__name__}: {e}")
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, return_dict=True).last_hidden_state
+
+    blocks = {"bert_block_dynamo_128": ("BertConfig", "BertModel", dict(
+                  num_hidden_layers=2, hidden_size=768, num_attention_heads=12,
+                  intermediate_size=3072)),
+              "gpt2_block_dynamo_128": ("GPT2Config", "GPT2Model", dict(
+                  n_layer=2, n_embd=768, n_head=12, use_cache=False))}
+    for name, (config_cls, model_cls, cfg) in blocks.items():
+        if wanted and name not in wanted:
+            continue
+        torch.manual_seed(em.SEED)
+        config = getattr(transformers, config_cls)(vocab_size=1000, **cfg)
+        config._attn_implementation = "eager"
+        model = Hidden(getattr(transformers, model_cls)(config)).eval()
+        ids = torch.randint(0, 1000, (1, 128), generator=torch.Generator().manual_seed(em.SEED))
+        try:
+            save(name, model, (ids,), ["input_ids"], dynamo=True)
+        except Exception as e:  # report, keep going
+            failed.append(name)
+            print(f"FAIL {name}: {type(e).__name__}: {e}")
+    return failed
+
+
+VARIANTS = ("densenet121_224", "bert_block_dynamo_128", "gpt2_block_dynamo_128")
+
+
 def main(argv: list[str]) -> int:
     out = Path("/work/bench-models")
     if "--out" in argv:
@@ -103,6 +223,8 @@ def main(argv: list[str]) -> int:
     torch.use_deterministic_algorithms(True)
     wanted = set(argv)
     failed = []
+    if not wanted or wanted & set(VARIANTS):
+        failed += export_variants(out, wanted & set(VARIANTS))
     for spec in SPECS:
         if wanted and spec.name not in wanted:
             continue
