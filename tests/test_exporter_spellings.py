@@ -190,4 +190,4 @@ def test_fusions_in_the_report_summary_and_dict():
     assert report.as_dict()["fusions"] == report.fusions
     assert report.fusions == {"Gelu": 1, "Gemm+Gelu": 1}
     text = report.summary()
-    assert "recognized    1 Gelu" in text and "1 x Gemm+Gelu" in text
+    assert "fused ops     1 Gelu" in text and "1 x Gemm+Gelu" in text

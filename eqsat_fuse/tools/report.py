@@ -131,7 +131,7 @@ class Report:
         fusions = self.fusions
         recognized = {k: v for k, v in fusions.items() if k in RECOGNIZED}
         if recognized:
-            lines.append("recognized    " + ", ".join(f"{count} {name}" for name, count
+            lines.append("fused ops     " + ", ".join(f"{count} {name}" for name, count
                                                       in recognized.items()))
         groups = {k: v for k, v in fusions.items() if k not in RECOGNIZED}
         if groups:
@@ -141,7 +141,8 @@ class Report:
         return "\n".join(lines)
 
 
-# The operators `Report.fusions` counts on their own: those the fuse rules recognize.
+# The operators `Report.fusions` counts on their own (summary: "fused ops"): Gelu and
+# LayerNormalization, which the fuse rules recognize in their decomposed forms.
 RECOGNIZED = ("Gelu", "LayerNormalization")
 
 
