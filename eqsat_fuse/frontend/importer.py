@@ -70,8 +70,10 @@ def _to_canonical(proto: onnx.ModelProto, version: int, name: str) -> onnx.Model
                          f"{exc}") from None
     # The converter runs its own shape inference and writes what it found into the graph's
     # outputs and value_info (e.g. a ceil-mode pool's wrong size, see `_ceil_pool_shadow`):
-    # keep the declarations of the file instead, and let `_infer` redo the rest.
-    for field in ("output", "value_info"):
+    # keep the declarations of the file instead, and let `_infer` redo the rest. The inputs
+    # too: a graph input that is also an output declared with unknown dims would otherwise
+    # take the output's unknown dims in place of its static input declaration.
+    for field in ("input", "output", "value_info"):
         target = getattr(converted.graph, field)
         del target[:]
         target.extend(getattr(proto.graph, field))

@@ -112,7 +112,29 @@ def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int,
             if vo.type.HasField("tensor_type") and vo.type.tensor_type.HasField("shape"):
                 for d in vo.type.tensor_type.shape.dim:
                     d.Clear()                   # the rank stays; the sizes are inferred again
+    _outputs_as_inputs(proto, real_inputs)
     return resized
+
+
+def _outputs_as_inputs(proto: onnx.ModelProto, inputs: list[onnx.ValueInfoProto]) -> None:
+    """A graph input that is also a graph output: the output declaration takes the input's
+    static shape where it leaves dims unknown. ONNX's shape inference would otherwise read the
+    value's shape from the output declaration, unknown dims and all, and give them to every
+    node reading it; onnxruntime runs such a model."""
+    static = {vi.name: vi for vi in inputs
+              if all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)}
+    for vo in proto.graph.output:
+        vi = static.get(vo.name)
+        if vi is None or not vo.type.HasField("tensor_type"):
+            continue
+        declared = vo.type.tensor_type
+        dims = vi.type.tensor_type.shape.dim
+        if declared.HasField("shape") and (
+                len(declared.shape.dim) != len(dims)
+                or any(o.HasField("dim_value") and o.dim_value != i.dim_value
+                       for o, i in zip(declared.shape.dim, dims))):
+            continue                    # a conflicting declaration: the checker's to refuse
+        declared.shape.CopyFrom(vi.type.tensor_type.shape)
 
 
 def with_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None
@@ -158,50 +180,73 @@ def _ceil_pool_shadow(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     which onnxruntime, PyTorch and `numpy_ops` drop: it gives such a pool one output too many
     (and a model declaring the right size fails strict inference). In the copy, each such node
     gets ceil_mode=0 and end pads that give the same output size under floor rounding.
+
+    A pool's input shape is read wherever loose inference put it: value_info, or the graph's
+    inputs and outputs (a value that is also a graph output has no value_info entry). A pool
+    below another one reads the size its upstream pool has in the copy, so the copy is
+    re-inferred until no pool's explicit pads change (once per level of pools in a chain).
     """
-    pools = {i for i, n in enumerate(proto.graph.node)
+    pools = [i for i, n in enumerate(proto.graph.node)
              if n.op_type in ("MaxPool", "AveragePool") and n.domain in ("", "ai.onnx")
              and int(_attrs(n).get("ceil_mode", 0)) and "kernel_shape" in _attrs(n)
-             and _str(_attrs(n).get("auto_pad", "NOTSET")) in ("NOTSET", "VALID")}
+             and _str(_attrs(n).get("auto_pad", "NOTSET")) in ("NOTSET", "VALID")]
     if not pools:
         return None
-    try:
-        loose = shape_inference.infer_shapes(proto, strict_mode=False)
-    except Exception:
-        return None
-    shapes = {vi.name: vi.type.tensor_type.shape for vi in [*loose.graph.input,
-                                                           *loose.graph.value_info]}
     shadow = _copy(proto)
-    for index, node in enumerate(proto.graph.node):
-        if index not in pools or node.input[0] not in shapes:
-            continue
-        dims = shapes[node.input[0]].dim
-        a = _attrs(node)
-        kernel = list(a["kernel_shape"])
-        rank = len(kernel)
-        if len(dims) != rank + 2 or not all(d.HasField("dim_value") for d in dims[2:]):
-            continue
-        sizes = [int(d.dim_value) for d in dims[2:]]
-        strides = list(a.get("strides", [1] * rank))
-        dilations = list(a.get("dilations", [1] * rank))
-        pads = [0] * (2 * rank) if _str(a.get("auto_pad", "NOTSET")) == "VALID" else \
-            list(a.get("pads", [0] * (2 * rank)))
-        if (len(strides) != rank or len(dilations) != rank or len(pads) != 2 * rank
-                or min(kernel + strides + dilations) <= 0 or min(pads) < 0):
-            continue   # malformed: strict inference on the model as it is will say what is wrong
-        ends = []
-        for n, k, pb, pe, st, d in zip(sizes, kernel, pads[:rank], pads[rank:], strides,
-                                       dilations):
-            out = _pool_out_size(n, k, pb, pe, st, d, True)
-            ends.append(max((out - 1) * st + (k - 1) * d + 1 - n - pb, 0))
-        copy = shadow.graph.node[index]
-        kept = [attr for attr in copy.attribute if attr.name not in ("ceil_mode", "pads",
-                                                                     "auto_pad")]
-        del copy.attribute[:]
-        copy.attribute.extend(kept)
-        copy.attribute.extend([helper.make_attribute("ceil_mode", 0),
-                               helper.make_attribute("pads", pads[:rank] + ends)])
-    return shadow
+    explicit: dict[int, list[int]] = {}
+    for _ in range(len(pools) + 1):
+        try:
+            loose = shape_inference.infer_shapes(shadow, strict_mode=False)
+        except Exception:
+            return None
+        graph = loose.graph
+        shapes = {vi.name: vi.type.tensor_type.shape
+                  for vi in [*graph.output, *graph.input, *graph.value_info]}
+        changed = False
+        for index in pools:
+            node = proto.graph.node[index]
+            pads = _floor_pads(node, shapes.get(node.input[0]))
+            if pads is None or explicit.get(index) == pads:
+                continue
+            explicit[index] = pads
+            changed = True
+            copy = shadow.graph.node[index]
+            kept = [attr for attr in node.attribute if attr.name not in ("ceil_mode", "pads",
+                                                                         "auto_pad")]
+            del copy.attribute[:]
+            copy.attribute.extend(kept)
+            copy.attribute.extend([helper.make_attribute("ceil_mode", 0),
+                                   helper.make_attribute("pads", pads)])
+        if not changed:
+            break
+    return shadow if explicit else None
+
+
+def _floor_pads(node: onnx.NodeProto, shape) -> list[int] | None:
+    """The pads under which a ceil-mode pool of input `shape` gives, with floor rounding, the
+    size onnxruntime gives it (`_pool_out_size`); None when the shape is not known or the node
+    is malformed (then strict inference on the model as it is says what is wrong)."""
+    if shape is None:
+        return None
+    dims = shape.dim
+    a = _attrs(node)
+    kernel = list(a["kernel_shape"])
+    rank = len(kernel)
+    if len(dims) != rank + 2 or not all(d.HasField("dim_value") for d in dims[2:]):
+        return None
+    sizes = [int(d.dim_value) for d in dims[2:]]
+    strides = list(a.get("strides", [1] * rank))
+    dilations = list(a.get("dilations", [1] * rank))
+    pads = [0] * (2 * rank) if _str(a.get("auto_pad", "NOTSET")) == "VALID" else \
+        list(a.get("pads", [0] * (2 * rank)))
+    if (len(strides) != rank or len(dilations) != rank or len(pads) != 2 * rank
+            or min(kernel + strides + dilations) <= 0 or min(pads) < 0):
+        return None
+    ends = []
+    for n, k, pb, pe, st, d in zip(sizes, kernel, pads[:rank], pads[rank:], strides, dilations):
+        out = _pool_out_size(n, k, pb, pe, st, d, True)
+        ends.append(max((out - 1) * st + (k - 1) * d + 1 - n - pb, 0))
+    return pads[:rank] + ends
 
 
 def _static_shapes(proto: onnx.ModelProto) -> dict[str, TensorInfo]:
