@@ -3,7 +3,8 @@ thread count given, next to onnxruntime's own profiler output for the same model
 
     .venv/bin/python bench/kernel_profile.py [--threads N] [--top K] [--ort] MODEL
 
-Each kernel of the Numba program runs alone (its own step, not inside a segment), so the sum
+Each kernel of the Numba program runs alone (its own step, not inside a segment; the timing is
+`eqsat_fuse.tools.profile`'s, as `eqsat-fuse run --profile` prints it per kernel), so the sum
 is a little above a segment run; the table groups kernels by their fused ops and prints the
 median time of each group per run, its share and its kernel count. `--ort` adds onnxruntime
 ENABLE_ALL's profile (its JSON trace, grouped by op type) at the same thread count.
@@ -15,7 +16,6 @@ import collections
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import set_threads  # noqa: E402
@@ -27,39 +27,15 @@ import numpy as np  # noqa: E402
 import eqsat_fuse as ef  # noqa: E402
 from _common import load_model, ort_session  # noqa: E402
 from eqsat_fuse.checking.verify import random_feeds  # noqa: E402
+from eqsat_fuse.tools.profile import group_by_ops, profile_kernels  # noqa: E402
 
 
 def kernel_profile(compiled, feeds, repeat: int = 10) -> dict[str, tuple[float, int]]:
-    """{kernel ops: (median seconds per run over all such kernels, count)}."""
-    program = compiled.program
-    steps = list(program._kernel_steps)
-    times = [[] for _ in steps]
-
-    def timed(i, step):
-        def run(env):
-            t0 = time.perf_counter()
-            step(env)
-            times[i].append(time.perf_counter() - t0)
-        return run
-
-    saved = program.steps
-    program.steps = [timed(i, s) for i, s in enumerate(steps)]     # run() takes them one by one
-    try:
-        for _ in range(2):
-            program.run(feeds)
-        for t in times:
-            t.clear()
-        for _ in range(repeat):
-            time.sleep(0.02)
-            program.run(feeds)
-    finally:
-        program.steps = saved
-    groups: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
-    for step, t in zip(steps, times):
-        label = getattr(step, "label", "?")
-        groups[label][0] += float(np.median(t))
-        groups[label][1] += 1
-    return {k: (v[0], v[1]) for k, v in groups.items()}
+    """{kernel ops: (median seconds per run over all such kernels, count)}: the package's
+    per-kernel profile (`eqsat_fuse.tools.profile`, what `eqsat-fuse run --profile` prints)
+    grouped by fused ops, with a 20 ms pause before each timed run."""
+    rows = group_by_ops(profile_kernels(compiled, feeds, repeat=repeat, pause=0.02))
+    return {row.ops: (row.measured_us * 1e-6, row.count) for row in rows}
 
 
 def ort_profile(model, feeds, repeat: int = 10) -> dict[str, tuple[float, int]]:

@@ -1,4 +1,4 @@
-"""The `eqsat-fuse` command line: demo, optimize, run, verify, rules check.
+"""The `eqsat-fuse` command line: demo, optimize, run, verify, rules check, compare, calibrate.
 
 A mistake in what the user gave (a bad model, rule file, cost file or feed) ends with one line
 `eqsat-fuse: error: ...` naming the file, line or input, and exit status 2; a mismatch found by
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import __version__
 from .backends import BACKENDS
 from .errors import EqsatFuseError
 from .files import write_atomically  # noqa: F401  (also imported from here)
@@ -129,6 +130,8 @@ def cmd_demo(args) -> int:
 
 def cmd_optimize(args) -> int:
     protect = [Path(args.model), *(Path(r) for r in args.rules)]
+    if args.inline and not args.output:
+        raise EqsatFuseError("--inline needs -o OUT.onnx (it says how the model is written)")
     if args.output:            # say what is wrong with OUT.onnx before compiling, not after
         out = Path(args.output)
         if out.exists() and any(p.exists() and out.resolve() == p.resolve() for p in protect):
@@ -156,8 +159,8 @@ def cmd_optimize(args) -> int:
     if args.output:
         from .tools.export import save_model
 
-        save_model(compiled.to_onnx(), args.output, force=args.force, protect=protect,
-                   force_hint="--force")
+        save_model(compiled.to_onnx(inline=args.inline), args.output, force=args.force,
+                   protect=protect, force_hint="--force")
         print(f"wrote the optimized model to {args.output}",
               file=sys.stderr if args.json else sys.stdout)
     if args.report:
@@ -220,6 +223,8 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_run(args) -> int:
+    if args.repeat is not None and args.repeat < 1:
+        raise EqsatFuseError(f"--repeat must be a whole number >= 1, got {args.repeat}")
     compiled = _compile(args, args.model)
     feeds = _load_feeds(args.inputs)
     storage = compiled.report.backend_report.get("storage_dtype", "float32")
@@ -234,7 +239,22 @@ def cmd_run(args) -> int:
     else:
         for name, value in outputs.items():
             print(f"{name}: shape {list(value.shape)} {value.dtype}\n{value}")
+    _print_timings(args, compiled, feeds)
     return 0
+
+
+def _print_timings(args, compiled, feeds) -> None:
+    """`run --repeat N`: the median and IQR of N whole runs; `--profile`: each kernel alone."""
+    from .tools import profile
+
+    if args.repeat is not None:
+        print(profile.time_runs(compiled, feeds, args.repeat).summary())
+    if args.profile:
+        repeat = args.repeat or 10
+        rows = profile.profile_kernels(compiled, feeds, repeat=repeat)
+        print(profile.profile_table(
+            rows, f"profile ({compiled.report.backend} backend, {compiled.program.threads} "
+                  f"threads, each kernel alone, medians of {repeat} runs)"))
 
 
 def cmd_verify(args) -> int:
@@ -325,6 +345,9 @@ def _add_optimize_command(sub: argparse._SubParsersAction) -> None:
     optimize.add_argument("-o", "--output", metavar="OUT.onnx",
                           help="also write the optimized model as ONNX: fused kernels as local "
                                "functions (domain eqsat_fuse), folded constants as initializers")
+    optimize.add_argument("--inline", action="store_true",
+                          help="with -o: write plain ONNX, each fused kernel's function body "
+                               "inlined (no local functions)")
     optimize.add_argument("--force", action="store_true",
                           help="replace OUT.onnx / OUT.html if they exist")
     optimize.set_defaults(func=cmd_optimize)
@@ -339,6 +362,12 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--inputs", required=True, metavar="FEEDS.npz", help="input arrays by name")
     run.add_argument("-o", "--output", metavar="OUT.npz", help="write the outputs here")
     run.add_argument("--force", action="store_true", help="replace OUT.npz if it exists")
+    run.add_argument("--repeat", type=int, default=None, metavar="N",
+                     help="also time N runs after one warm-up run and print the median and the "
+                          "p25-p75 range in ms, with the thread count")
+    run.add_argument("--profile", action="store_true",
+                     help="also time each kernel alone (medians of --repeat runs, default 10) "
+                          "and print it next to its predicted cost, slowest first")
     _add_compile_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -448,6 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="eqsat-fuse",
         description="Fuse the operators of an ONNX model by equality saturation, extract the "
                     "cheapest program for a target, run it and check it against the original.")
+    parser.add_argument("--version", action="version", version=f"eqsat-fuse {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_demo_command(sub)

@@ -7,6 +7,7 @@ report. Every stage is its own module and can be called alone.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,8 +33,18 @@ from .saturation.serialized import fill_missing_facts, read_egraph
 from .checking.verify import VerifyResult, compare, oracle_outputs, random_feeds
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a compiled program: its name, the static shape it was compiled
+    for and its NumPy dtype name ("float32", "int64", ...)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
 class Compiled:
-    """A compiled model: `run(feeds)`, `report`, `verify()`."""
+    """A compiled model: `run(feeds)`, `report`, `verify()`, `inputs`, `outputs`."""
 
     def __init__(self, program: Program, report: Report, source: onnx.ModelProto,
                  source_path: Path | None = None, extraction: ExtractionContext | None = None):
@@ -48,9 +59,18 @@ class Compiled:
         return self.program.plan
 
     @property
-    def inputs(self):
-        """Input name -> TensorInfo (static shape and dtype) the program was compiled for."""
-        return dict(self.plan.inputs)
+    def inputs(self) -> dict[str, TensorSpec]:
+        """Input name -> `TensorSpec` (name, static shape, dtype) that `run` expects, in the
+        model's order."""
+        return {name: TensorSpec(name, tuple(info.shape), str(info.dtype))
+                for name, info in self.plan.inputs.items()}
+
+    @property
+    def outputs(self) -> dict[str, TensorSpec]:
+        """Output name -> `TensorSpec` (name, static shape, dtype) of what `run` returns, in
+        the model's order."""
+        return {name: TensorSpec(name, tuple(int(d) for d in shape), np.dtype(dtype).name)
+                for name, (shape, dtype) in self.program._output_info.items()}
 
     def run(self, feeds: dict[str, Any], out: dict[str, np.ndarray] | None = None
             ) -> dict[str, np.ndarray]:
@@ -70,14 +90,17 @@ class Compiled:
                        storage_dtype=self.program.storage_dtype)
 
     def to_onnx(self, path: str | Path | None = None, force: bool = False,
-                opset: int | None = None) -> onnx.ModelProto:
+                opset: int | None = None, inline: bool = False) -> onnx.ModelProto:
         """The optimized program as an ONNX model (fused kernels as local functions of domain
         `eqsat_fuse`, folded constants as initializers; see `export`), written to `path` when
         given: atomically, an existing file replaced only with `force`, never the model this
-        was compiled from."""
-        from .tools.export import export_model, save_model
+        was compiled from. `inline=True` writes plain ONNX instead: each fused kernel's call
+        replaced by its function's body (`onnx.inliner`), no local functions left."""
+        from .tools.export import export_model, inline_functions, save_model
 
         model = export_model(self.program, self._source, opset=opset)
+        if inline:
+            model = inline_functions(model)
         if path is not None:
             save_model(model, path, force=force,
                        protect=[self.source_path] if self.source_path else [])

@@ -1,15 +1,19 @@
 """Step 1 of import: read the file (external data only from inside the model's folder; never
-for a model given in memory), and refuse cycles, undefined values and nodes that overwrite
-inputs, putting the nodes in topological order."""
+for a model given in memory), inline eqsat-fuse's own exported kernels (local functions of
+domain `eqsat_fuse`), and refuse cycles, undefined values and nodes that overwrite inputs,
+putting the nodes in topological order."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import onnx
+from onnx import inliner
 
 from ..errors import ModelError
 from .protos import all_tensors
+
+EXPORT_DOMAIN = "eqsat_fuse"     # the domain of the fused kernels `Compiled.to_onnx` writes
 
 
 def _read(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
@@ -22,7 +26,7 @@ def _read(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
                                  f"file, and a model given in memory has no folder to read it "
                                  f"from; pass the model's path instead (its data is then read "
                                  f"from its folder only)")
-        return model, name
+        return inline_functions(model), name
     path = Path(model)
     if not path.exists():
         raise ModelError(f"{path}: no such file")
@@ -39,7 +43,31 @@ def _read(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     if not proto.graph.node and not proto.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph in the file)")
     _load_external_data(proto, path)
-    return proto, str(path)
+    return inline_functions(proto), str(path)
+
+
+def inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` as plain ONNX: every call of a local function of domain `eqsat_fuse` replaced by
+    the function's body (`onnx.inliner`), those functions and their opset import dropped. Other
+    local functions stay as they are. `Compiled.to_onnx(inline=True)` writes through this, and
+    every model is read through it, so eqsat-fuse compiles its own exports."""
+    ours = [(f.domain, f.name) for f in model.functions if f.domain == EXPORT_DOMAIN]
+    if not ours:
+        return model
+    name = model.graph.name or "<model>"
+    try:
+        inlined = inliner.inline_selected_functions(model, ours, exclude=False)
+    except Exception as exc:  # onnx's C++ inliner raises its own error types
+        raise ModelError(f"{name}: could not inline its {EXPORT_DOMAIN!r} functions: "
+                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+                         ) from None
+    used = {n.domain for n in inlined.graph.node} | {
+        n.domain for f in inlined.functions for n in f.node}
+    if EXPORT_DOMAIN not in used:
+        kept = [o for o in inlined.opset_import if o.domain != EXPORT_DOMAIN]
+        del inlined.opset_import[:]
+        inlined.opset_import.extend(kept)
+    return inlined
 
 
 def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:

@@ -26,6 +26,10 @@ selects one output of an ONNX Split node (kernels reading other outputs of the s
 the node); Cast's NumPy dtype becomes the TensorProto enum; Gelu is the opset-20 op (written out
 with Erf or Tanh below opset 20).
 
+`inline_functions` (in `frontend.reading`, which reads every model through it, so eqsat-fuse
+compiles its own exports) makes the model plain ONNX, each call replaced by the function's
+body: `Compiled.to_onnx(inline=True)`, `eqsat-fuse optimize -o OUT.onnx --inline`.
+
 `save_model` writes the file through `files.write_atomically`; tensors go to a data file beside
 the model only when they would not fit in one protobuf (2 GiB).
 """
@@ -44,11 +48,11 @@ from ..errors import EqsatFuseError
 from ..files import write_atomically
 from ..frontend.importer import CANONICAL_OPSET
 from ..frontend.protos import all_tensors
+from ..frontend.reading import EXPORT_DOMAIN, inline_functions  # noqa: F401  (export's own)
 from ..lowering.lower import contiguous
 from ..ir import BodyNode, Kernel, Operand, TensorInfo
 from ..ops import OPS
 
-EXPORT_DOMAIN = "eqsat_fuse"
 MIN_OPSET = 18              # ReduceMean takes its axes as an input from opset 18 on
 # Tensors bigger than this in total go to an external data file (protobuf caps a message at
 # 2 GiB; the margin leaves room for the graph itself).
