@@ -29,23 +29,26 @@ def make_model(nodes, inputs, outputs, initializers=(), opset=17, name="test"):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def compile_in_two_processes(model_path, cache_dir) -> list[tuple[int, int, bool]]:
-    """Compile `model_path` with the Numba backend in two fresh processes sharing `cache_dir`:
-    (kernels JIT-compiled, kernels loaded from the disk cache, verified ok) of each."""
+def compile_in_two_processes(model_path, cache_dir, threads=None) -> list[tuple[int, int, bool]]:
+    """Compile `model_path` with the Numba backend in two fresh processes sharing `cache_dir`
+    (at `threads`, default the program's): (kernels JIT-compiled, kernels loaded from the disk
+    cache, verified ok) of each."""
     import os
     import subprocess
     import sys
     import textwrap
     script = textwrap.dedent(f"""
         import json, eqsat_fuse as ef
-        c = ef.compile({str(model_path)!r}, backend="numba", cache_dir={str(cache_dir)!r})
+        c = ef.compile({str(model_path)!r}, backend="numba", cache_dir={str(cache_dir)!r},
+                       threads={threads!r})
         b = c.report.backend_report
         print(json.dumps([b["jit_compiled"], b["jit_loaded"], c.verify().ok]))
     """)
     runs = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             check=True, env=dict(os.environ))
+                             check=True, env=dict(os.environ, **(
+                                 {"NUMBA_NUM_THREADS": str(threads)} if threads else {})))
         runs.append(tuple(json.loads(out.stdout.strip().splitlines()[-1])))
     return runs
 

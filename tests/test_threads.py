@@ -15,7 +15,7 @@ from eqsat_fuse.backends.numba import packed_gemm as PG
 from eqsat_fuse.errors import EqsatFuseError
 from eqsat_fuse.threads import resolve
 
-from conftest import make_model
+from conftest import compile_in_two_processes, make_model
 
 needs_two = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
                                reason="this process has one Numba thread")
@@ -113,3 +113,19 @@ def test_a_run_puts_the_process_thread_settings_back(backend, tmp_path, rng):
     after_blas = [lib["num_threads"] for lib in threadpoolctl.threadpool_info()
                   if lib["user_api"] == "blas"]
     assert after_blas == before_blas
+
+
+def test_a_second_process_runs_parallel_kernels_from_the_cache(tmp_path, rng):
+    # a large product with a constant weight is split among threads by kernels.gemm_parallel (a
+    # prange), called from a kernel that has no parallel loop of its own: loaded from the cache
+    # in a fresh process, with nothing there that started Numba's threading layer, linking it
+    # aborted the process ("LLVM ERROR: Symbol not found: allocate_sched")
+    w = (rng.standard_normal((512, 512)) * 0.05).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Softmax", ["m"], ["y"], axis=-1)]
+    path = tmp_path / "product.onnx"
+    path.write_bytes(make_model(nodes, [("x", [1024, 512])], [("y", [1024, 512])],
+                                {"w": w}).SerializeToString())
+    first, second = compile_in_two_processes(path, tmp_path / "cache", threads=2)
+    assert first[0] > 0 and first[2]
+    assert second == (0, first[0], True)        # every kernel from the cache, and it verifies

@@ -167,6 +167,19 @@ def generate(e: Emitter) -> None:
     raise Unsupported(f"anchor {op}")
 
 
+def _launch_threading_layer() -> None:
+    """Start Numba's threading layer before a generated module is loaded.
+
+    Numba starts it when it compiles a parallel loop, and that also registers the symbols the
+    loop's machine code calls (`allocate_sched`, ...). Machine code loaded from the cache skips
+    the compile, and linking it in a process that has not started the layer aborts the whole
+    process ("LLVM ERROR: Symbol not found: allocate_sched"): a second process running a model
+    whose kernels have parallel loops, or call one (`kernels.gemm_parallel`), died that way.
+    Starting it is idempotent and costs about a millisecond, once."""
+    from numba.np.ufunc import parallel
+    parallel._launch_threads()
+
+
 def _holds(path: Path, source: str) -> bool:
     """Whether the cached module file at `path` holds exactly `source` (only then is it run)."""
     try:
@@ -279,6 +292,7 @@ class NumbaBackend:
         name = f"eqsat_fuse_{prefix}_{digest}"
         module = sys.modules.get(name)
         if module is None:
+            _launch_threading_layer()    # before any machine code that may call it loads
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
