@@ -14,12 +14,12 @@ from .checking.rulecheck import check_rules
 from .checking.verify import OutputCheck, VerifyResult
 from .errors import (CostModelError, EqsatFuseError, FeedError, LimitError, ModelError,
                      RuleFileError, RunError, VerificationError)
-from .pipeline import Compiled, compile
+from .pipeline import Compiled, TensorSpec, compile
 from .saturation.limits import HardLimits
 from .saturation.saturate import Budgets, StopReason
 from .tools.report import KernelReport, Report
 
-__all__ = ["compile", "Compiled", "Budgets", "HardLimits", "StopReason", "Report",
+__all__ = ["compile", "Compiled", "TensorSpec", "Budgets", "HardLimits", "StopReason", "Report",
            "KernelReport", "VerifyResult", "OutputCheck", "check_rules", "CheckReport",
            "RuleResult", "EqsatFuseError", "ModelError", "RuleFileError", "CostModelError",
            "FeedError", "VerificationError", "LimitError", "RunError"]
