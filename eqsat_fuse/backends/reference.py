@@ -6,6 +6,33 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .numpy.pooling import max_pool_with_indices
+
+
+def _own_kernel(node: onnx.NodeProto):
+    """The kernel of eqsat-fuse that runs `node` in place of `onnx.reference`, or None.
+
+    MaxPool with its Indices output: onnx.reference (1.23) ignores the pads there and numbers
+    ties per channel; `max_pool_with_indices` follows onnxruntime. Its pads must be explicit
+    (the importer writes a SAME auto_pad out; SAME with ceil_mode stays with onnx.reference).
+    """
+    if node.op_type != "MaxPool" or node.domain not in ("", "ai.onnx"):
+        return None
+    a = {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
+    auto_pad = a.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if "kernel_shape" not in a or auto_pad not in ("NOTSET", "VALID"):
+        return None
+    rank = len(a["kernel_shape"])
+    attrs = dict(kernel_shape=list(a["kernel_shape"]),
+                 pads=[0] * (2 * rank) if auto_pad == "VALID" else
+                 list(a.get("pads", [0] * (2 * rank))),
+                 strides=list(a.get("strides", [1] * rank)),
+                 dilations=list(a.get("dilations", [1] * rank)),
+                 ceil_mode=int(a.get("ceil_mode", 0)),
+                 storage_order=int(a.get("storage_order", 0)))
+    return lambda x: list(max_pool_with_indices(x, **attrs))
+
 
 class NodeRunner:
     """Runs one ONNX node on NumPy arrays with `onnx.reference`; built once, run many times."""
@@ -28,8 +55,12 @@ class NodeRunner:
         self.evaluator = ReferenceEvaluator(self.model)
         self.session = None
         self.outputs = [o for o in node.output]
+        self.own = _own_kernel(node)
 
     def run(self, values: list[np.ndarray | None]) -> list[np.ndarray | None]:
+        if self.own is not None:
+            results = self.own(*values[:1])
+            return [r if o else None for o, r in zip(self.outputs, results)]
         feeds = {name: v for name, v in zip(self.names, values) if name and v is not None}
         try:
             results = self.evaluator.run(None, feeds)

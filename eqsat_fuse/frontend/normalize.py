@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 import onnx
+from onnx import helper
 
 from ..errors import ModelError
 from ..ir import Node, TensorInfo
@@ -128,8 +129,6 @@ def _norm_conv_transpose(node, ctx: _Context):
 
 def _norm_pool(node, ctx: _Context):
     a = _attrs(node)
-    if len([o for o in node.output if o]) > 1:
-        raise _Unsupported("its Indices output is used")
     kernel = list(a["kernel_shape"])
     rank = len(kernel)
     strides = list(a.get("strides", [1] * rank))
@@ -140,6 +139,14 @@ def _norm_pool(node, ctx: _Context):
     if auto_pad in ("SAME_UPPER", "SAME_LOWER") and ceil_mode:
         raise _Unsupported("auto_pad SAME with ceil_mode")
     pads = _auto_pads(auto_pad, x[2:], kernel, strides, dilations, a.get("pads"))
+    if len([o for o in node.output if o]) > 1:
+        # Its Indices output is used: an Opaque node, run by `max_pool_with_indices`
+        # (backends/reference.py), which takes explicit pads: a SAME auto_pad is written out.
+        if auto_pad != "NOTSET":
+            kept = [attr for attr in node.attribute if attr.name not in ("auto_pad", "pads")]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("pads", pads)])
+        raise _Unsupported("its Indices output is used")
     attrs = dict(kernel_shape=kernel, pads=pads, strides=strides, dilations=dilations,
                  ceil_mode=ceil_mode)
     if node.op_type == "AveragePool":

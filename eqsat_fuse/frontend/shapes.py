@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
-from ..backends.numpy.ops import _pool_out_size
+from ..backends.numpy.pooling import _pool_out_size
 from ..errors import ModelError
 from ..ir import TensorInfo
 from .protos import _attrs, _copy, _np_dtype, _str
