@@ -19,13 +19,18 @@ from ...graphs import postorder, reachable
 from ...ir import BodyNode, Kernel, Operand
 from ...lowering.layout import Layout, apply_view, layout_of, probe
 from ...ops import OPS
-from .scalars import NP_TYPES, compute_dtype, flit, node_dtypes, scalar_expr
+from .scalars import compute_dtype, literal, node_dtypes, scalar_expr
 from .source import ModuleSource
 from .spaces import (Space, Tensor, Unsupported, broadcast_layout, col_stride, column_split,
                      probe_layout, row_table)
 
 if TYPE_CHECKING:
     from .backend import NumbaBackend
+
+
+# ops whose float16 result is one of their float16 arguments (or Cast's own rounding): no
+# rounding after them
+_F16_EXACT = frozenset({"Identity", "Dropout", "Relu", "Neg", "Abs", "Where", "Clip", "Cast"})
 
 
 class Emitter:
@@ -149,6 +154,11 @@ class Emitter:
                       if a.kind == "const"}
             expr = scalar_expr(node, args, [self.arg_dtype(a) for a in node.args], dt,
                                lambda s: consts.get(s))
+            if dt == "float16" and node.op not in _F16_EXACT \
+                    and not (i == self.root and self.out_stored == "float16"):
+                # computed in float32, a float16 value is rounded to float16 where ONNX makes
+                # it (each op's result), not only where it is stored (the root, store_expr)
+                expr = f"f16_to_f32(f32_to_f16({expr}))"
             var = f"v{i}"
             lines.append(f"{indent}{var} = {expr}")
             values[i] = var
@@ -170,11 +180,7 @@ class Emitter:
         dt = compute_dtype(self.backend.operand_dtype(a))
         if const is not None:
             value = np.asarray(const).reshape(())
-            if dt == "float32":
-                return flit(value)
-            if dt == "bool":
-                return "True" if bool(value) else "False"
-            return f"{NP_TYPES[dt]}({value.item()!r})"
+            return literal(value, dt)
         key = (i, slot)
         lay = uses[key]
         t = self.tensor(a)

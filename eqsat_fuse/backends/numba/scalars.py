@@ -24,12 +24,18 @@ NP_TYPES = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64
 
 
 def flit(value: float) -> str:
+    return _float_text(value, "F32")
+
+
+def _float_text(value: float, T: str) -> str:
+    """A float literal of type `T` (source text): inf and NaN by name, since `repr` writes
+    them bare (`inf`), which no generated module defines."""
     value = float(value)
     if math.isnan(value):
-        return "F32(np.nan)"
+        return f"{T}(np.nan)"
     if math.isinf(value):
-        return "F32(np.inf)" if value > 0 else "F32(-np.inf)"
-    return f"F32({value!r})"
+        return f"{T}(np.inf)" if value > 0 else f"{T}(-np.inf)"
+    return f"{T}({value!r})"
 
 
 def compute_dtype(dtype: str) -> str:
@@ -72,7 +78,7 @@ def scalar_expr(node: BodyNode, args: list[str], dtypes: list[str], out_dtype: s
         raise Unsupported(f"dtype {out_dtype}")
 
     def lit(v):
-        return flit(v) if f32 else f"{T}({float(v)!r})" if is_float else f"{T}({int(v)!r})"
+        return flit(v) if f32 else _float_text(v, T) if is_float else f"{T}({int(v)!r})"
 
     a = args[0] if args else None
     spec = OPS.get(op)
@@ -99,7 +105,7 @@ def scalar_expr(node: BodyNode, args: list[str], dtypes: list[str], out_dtype: s
     if op == "Cast":
         return _cast_expr(node, a, dtypes)
     if op == "Pow":
-        return _pow_expr(a, args, const_value(1), lit)
+        return _pow_expr(a, args, const_value(1), lit, dtypes[1], T)
     if op == "Gelu":
         if not f32:
             raise Unsupported("float64 Gelu")
@@ -145,9 +151,12 @@ def _cast_expr(node: BodyNode, a: str, dtypes: list[str]) -> str:
     return f"{NP_TYPES[to]}({a})" if to in NP_TYPES else _unsupported(to)
 
 
-def _pow_expr(a: str, args: list[str], y, lit: Callable[[float], str]) -> str:
+def _pow_expr(a: str, args: list[str], y, lit: Callable[[float], str], y_dtype: str,
+              T: str) -> str:
     """`a ** args[1]`; a constant exponent y of 1, 2, 3, 0.5 or -1 becomes products, a square
-    root or a reciprocal."""
+    root or a reciprocal. An integer exponent is made a float of the base's type `T` first:
+    Numba computes float ** int by repeated products and raises ZeroDivisionError for a zero
+    base and a negative exponent, where `pow` (and ONNX) give +-inf."""
     if y is not None and np.size(y) == 1:
         y = float(np.asarray(y).reshape(()))
         if y == 1.0:
@@ -160,6 +169,8 @@ def _pow_expr(a: str, args: list[str], y, lit: Callable[[float], str]) -> str:
             return f"np.sqrt({a})"
         if y == -1.0:
             return f"({lit(1)} / {a})"
+    if np.dtype(y_dtype).kind in "iub":
+        return f"({a} ** {T}({args[1]}))"
     return f"({a} ** {args[1]})"
 
 
@@ -175,7 +186,7 @@ def literal(value, dtype: str) -> str:
     if dtype == "bool":
         return "True" if bool(value) else "False"
     if dtype in NP_TYPES:
-        kind = np.dtype(dtype).kind
-        v = float(value) if kind == "f" else int(value)
-        return f"{NP_TYPES[dtype]}({v!r})"
+        if np.dtype(dtype).kind == "f":
+            return _float_text(float(value), NP_TYPES[dtype])
+        return f"{NP_TYPES[dtype]}({int(value)!r})"
     raise Unsupported(f"literal of {dtype}")

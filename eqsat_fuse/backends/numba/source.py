@@ -12,7 +12,12 @@ from typing import Any
 
 import numpy as np
 
-FASTMATH = '{"contract", "nsz", "arcp"}'
+# only `contract` (fused multiply-add: it changes the last bits of a result, never which
+# elements are NaN, +-inf or signed zero). Not `arcp`: x / y became x * (1 / y), which
+# overflows to inf for a subnormal y, and 1 / sqrt(x) a reciprocal-square-root estimate
+# whose Newton step gives NaN at 0 and inf (issue 21). Not `nsz`: it let -(x - y) become
+# y - x, +0 where ONNX says -0.
+FASTMATH = '{"contract"}'
 
 
 def _runtime_digest() -> str:
