@@ -53,6 +53,20 @@ def compile_in_two_processes(model_path, cache_dir, threads=None) -> list[tuple[
     return runs
 
 
+def ort_outputs(model, feeds, threads: int | None = None) -> list[np.ndarray]:
+    """The oracle: onnxruntime with every graph optimization off (ORT_DISABLE_ALL), its
+    outputs in the model's order (`threads`: its intra-op threads, default its own)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

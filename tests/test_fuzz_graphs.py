@@ -17,20 +17,13 @@ from onnx import TensorProto, helper
 from eqsat_fuse.testing import (GENERATED_OPS, GraphCase, check_case, conv_blocks,
                                 elementwise_chains, matmul_blocks, model_text, onnx_graphs)
 
+from conftest import ort_outputs
+
 ort.set_default_logger_severity(3)
 
 FUZZ = settings(max_examples=40, deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SMALL = settings(FUZZ, max_examples=15)
-
-
-def _ort_outputs(model: onnx.ModelProto, feeds) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 # ---- the generator itself: valid models that onnxruntime runs, finite moderate outputs ----------
@@ -40,7 +33,7 @@ def _ort_outputs(model: onnx.ModelProto, feeds) -> list[np.ndarray]:
 def test_generated_models_are_valid(case):
     onnx.checker.check_model(case.model, full_check=True)
     assert set(case.feeds) == {i.name for i in case.model.graph.input}
-    outputs = _ort_outputs(case.model, case.feeds)
+    outputs = ort_outputs(case.model, case.feeds)
     for value, declared in zip(outputs, case.model.graph.output):
         shape = tuple(d.dim_value for d in declared.type.tensor_type.shape.dim)
         assert value.shape == shape, (declared.name, case.text())
@@ -54,7 +47,7 @@ def test_generated_models_are_valid(case):
 def test_ops_restricts_the_generated_ops(case):
     assert {n.op_type for n in case.model.graph.node} <= {"Add", "Mul", "Relu", "Sqrt", "Div",
                                                           "Conv"}
-    outputs = _ort_outputs(case.model, case.feeds)
+    outputs = ort_outputs(case.model, case.feeds)
     assert all(np.all(np.isfinite(o)) for o in outputs), case.text()
 
 
@@ -300,7 +293,7 @@ REGRESSIONS: list = []      # none open today
 def test_regression(text, backend):
     case = _case(text)
     onnx.checker.check_model(case.model, full_check=True)
-    _ort_outputs(case.model, case.feeds)    # the model is valid: onnxruntime runs it
+    ort_outputs(case.model, case.feeds)    # the model is valid: onnxruntime runs it
     check_case(case, backend=backend)
 
 

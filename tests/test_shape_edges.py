@@ -5,25 +5,16 @@ runs on both backends against onnxruntime (ORT_DISABLE_ALL), output shapes inclu
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-from conftest import make_model
 from onnx import TensorProto, helper
 
 import eqsat_fuse as ef
 from eqsat_fuse.frontend.importer import import_model
 
+from conftest import make_model, ort_outputs
+
 BACKENDS = ["numpy", "numba"]
 LOWEST = np.finfo(np.float32).min
-
-
-def _oracle(model, feeds) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def _check(model, feeds, backend, exact=False):
@@ -31,7 +22,7 @@ def _check(model, feeds, backend, exact=False):
     compiled = ef.compile(model, backend=backend)
     got = compiled.run(feeds)
     names = [o.name for o in model.graph.output]
-    for name, want in zip(names, _oracle(model, feeds)):
+    for name, want in zip(names, ort_outputs(model, feeds)):
         assert got[name].shape == want.shape, name
         assert got[name].dtype == want.dtype, name
         if exact:
@@ -97,7 +88,7 @@ def test_ceil_mode_shapes_equal_what_onnxruntime_and_the_kernel_compute(
                        [("x", [2, 3, size, size + 1])], [("r", _unknown(4)), ("y", _unknown(4))],
                        opset=19)                      # AveragePool's dilations: opset 19
     x = np.random.default_rng(size).standard_normal((2, 3, size, size + 1)).astype(np.float32)
-    want = _oracle(model, {"x": x})[1].shape
+    want = ort_outputs(model, {"x": x})[1].shape
     assert import_model(model).values["y"].shape == want
     _check(model, {"x": x}, backend)
 
@@ -181,7 +172,7 @@ def test_max_pool_skips_nan_as_documented(backend, attrs):
     model = make_model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)],
                        [("x", [2, 3, 7, 6])], [("y", _unknown(4))])
     x = _nan_input((2, 3, 7, 6), len(attrs))
-    want = _oracle(model, {"x": np.where(np.isnan(x), LOWEST, x)})[0]
+    want = ort_outputs(model, {"x": np.where(np.isnan(x), LOWEST, x)})[0]
     got = ef.compile(model, backend=backend).run({"x": x})["y"]
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
@@ -201,7 +192,7 @@ def test_max_pool_over_nan_agrees_with_onnxruntime_where_it_ignores_nan(backend,
                        [("x", [1, 1, 1, len(row)])], [("y", _unknown(4))])
     x = np.array(row, np.float32).reshape(1, 1, 1, -1)
     got = ef.compile(model, backend=backend).run({"x": x})["y"]
-    np.testing.assert_array_equal(got, _oracle(model, {"x": x})[0])
+    np.testing.assert_array_equal(got, ort_outputs(model, {"x": x})[0])
     np.testing.assert_array_equal(got.ravel(), want)
 
 
