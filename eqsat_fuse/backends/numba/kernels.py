@@ -242,6 +242,18 @@ def compact_rows(src, M, OH, OW, Wp, dst, doff):
                 dst[U(d + q)] = src[U(s + q)]
 
 
+@njit(inline="always", **_OPTS)
+def _gather_row(dst, d, src, s, lo, hi, step):
+    """dst[d + q] = src[s + q * step] for q in [lo, hi): a contiguous copy (the loop LLVM
+    vectorizes) when step is 1, strided otherwise."""
+    if step == 1:
+        for q in range(lo, hi):
+            dst[U(d + q)] = src[U(s + q)]
+    else:
+        for q in range(lo, hi):
+            dst[U(d + q)] = src[U(s + q * step)]
+
+
 @njit(**_OPTS)
 def phase_planes(x, xoff, C, H, W, ph, pw, sh, sw, phases, Hq, Wq, xp):
     """The zero-padded input split by stride phase, for convolutions as GEMMs on row offsets:
@@ -274,13 +286,7 @@ def phase_planes(x, xoff, C, H, W, ph, pw, sh, sw, phases, Hq, Wq, xp):
                     continue
                 for q in range(lo):
                     xp[U(row + q)] = np.float32(0)
-                src = xoff + (c * H + ih) * W + b - pw
-                if sw == 1:
-                    for q in range(lo, hi):
-                        xp[U(row + q)] = x[U(src + q)]
-                else:
-                    for q in range(lo, hi):
-                        xp[U(row + q)] = x[U(src + q * sw)]
+                _gather_row(xp, row, x, xoff + (c * H + ih) * W + b - pw, lo, hi, sw)
                 for q in range(hi, Wq):
                     xp[U(row + q)] = np.float32(0)
 
@@ -330,13 +336,7 @@ def im2col(x, xoff, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, cols):
                     while hi > lo and (hi - 1) * sw - pw + j * dw >= W:
                         hi -= 1
                         cols[U(base + hi)] = 0.0
-                    off = src - pw + j * dw
-                    if sw == 1:
-                        for ow in range(lo, hi):
-                            cols[U(base + ow)] = x[U(off + ow)]
-                    else:
-                        for ow in range(lo, hi):
-                            cols[U(base + ow)] = x[U(off + ow * sw)]
+                    _gather_row(cols, base, x, src - pw + j * dw, lo, hi, sw)
 
 
 @njit(**_OPTS)
