@@ -471,23 +471,28 @@ def _taps(o, s, p, d, k, lo, hi):
 @njit(**_OPTS)
 def _pool_taps(acc, k0, x, base, oa, ob, sw, is_max):
     """acc[k0 + ow] = max or sum with x[base + ow*sw] for ow in [oa, ob) (constant strides
-    1 and 2 get their own loops, which LLVM vectorizes)."""
+    1 and 2 get their own loops, which LLVM vectorizes). In a max a NaN cell counts as float32's
+    lowest value (the max pools' NaN rule: `numpy.pooling.max_pool`, docs/reliability.md)."""
     if is_max:
+        lowest = np.float32(-3.4028234663852886e38)
         if sw == 1:
             for ow in range(oa, ob):
                 v = x[U(base + ow)]
+                v = v if v == v else lowest
                 b = acc[U(k0 + ow)]
-                acc[U(k0 + ow)] = v if (v > b or v != v) else b
+                acc[U(k0 + ow)] = v if v > b else b
         elif sw == 2:
             for ow in range(oa, ob):
                 v = x[U(base + 2 * ow)]
+                v = v if v == v else lowest
                 b = acc[U(k0 + ow)]
-                acc[U(k0 + ow)] = v if (v > b or v != v) else b
+                acc[U(k0 + ow)] = v if v > b else b
         else:
             for ow in range(oa, ob):
                 v = x[U(base + ow * sw)]
+                v = v if v == v else lowest
                 b = acc[U(k0 + ow)]
-                acc[U(k0 + ow)] = v if (v > b or v != v) else b
+                acc[U(k0 + ow)] = v if v > b else b
     else:
         if sw == 1:
             for ow in range(oa, ob):

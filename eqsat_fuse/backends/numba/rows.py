@@ -262,32 +262,6 @@ def gen_pool(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> No
            dil[1], OH, OW, int(is_max), int(include)]
     code.lines.append(f"EC = {code.int_param(OH * OW)}")
     code.lines.append(f"K.pool2d(X, 0, {', '.join(code.int_param(v) for v in geo)}, {acc})")
-    if is_max:
-        # The max pools' NaN rule (`numpy.pooling.max_pool`, docs/reliability.md): a NaN cell
-        # counts as float32's lowest value. K.pool2d lets NaN win, so exactly the windows
-        # holding a NaN come out NaN: each is taken again here, its NaN cells skipped (a
-        # window of NaN and padding only gives lowest). No NaN in the input costs one pass.
-        g = dict(zip(("P", "H", "W", "KH", "KW", "SH", "SW", "PH", "PW"),
-                     (code.int_param(v) for v in geo[:9])))
-        g.update(zip(("DH", "DW", "OH", "OW"), (code.int_param(v) for v in geo[11:15])))
-        code.lines += [
-            f"for pq in range({g['P']} * {g['OH']} * {g['OW']}):",
-            f"    if {acc}[pq] != {acc}[pq]:",
-            f"        pp = pq // ({g['OH']} * {g['OW']})",
-            f"        ph = (pq // {g['OW']}) % {g['OH']}",
-            f"        pw = pq % {g['OW']}",
-            "        pbest = np.float32(-3.4028234663852886e38)",
-            f"        for pi in range({g['KH']}):",
-            f"            hh = ph * {g['SH']} - {g['PH']} + pi * {g['DH']}",
-            f"            if hh >= 0 and hh < {g['H']}:",
-            f"                for pj in range({g['KW']}):",
-            f"                    ww = pw * {g['SW']} - {g['PW']} + pj * {g['DW']}",
-            f"                    if ww >= 0 and ww < {g['W']}:",
-            f"                        pv = X[(pp * {g['H']} + hh) * {g['W']} + ww]",
-            "                        if pv > pbest:",
-            "                            pbest = pv",
-            f"        {acc}[pq] = pbest",
-        ]
     code.lines.append(f"r0 = 0")
     code.lines.append(f"r1 = {code.int_param(N * C)}")
     code.lines += lines_epi
