@@ -14,23 +14,23 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from .extraction.costmodel import load_cost_model
-from .lowering.decode import decode
-from .frontend.encode import encode
+from .checking.verify import VerifyResult, compare, oracle_outputs, random_feeds
 from .errors import EqsatFuseError
-from .tools.explain import shaping_rules
 from .extraction.cost import roots_of
+from .extraction.costmodel import load_cost_model
 from .extraction.fusion_values import ExtractionContext
 from .extraction.registry import extract
+from .frontend.encode import encode
 from .frontend.importer import import_model, with_input_shapes
 from .ir import KernelPlan
-from .saturation.limits import HardLimits, saturate_in_child
+from .lowering.decode import decode
 from .lowering.lower import Program, lower
+from .saturation.limits import HardLimits, saturate_in_child
 from .saturation.passes import saturate_by_passes
-from .tools.report import KernelReport, Report
 from .saturation.saturate import Budgets, saturate
 from .saturation.serialized import fill_missing_facts, read_egraph
-from .checking.verify import VerifyResult, compare, oracle_outputs, random_feeds
+from .tools.explain import shaping_rules
+from .tools.report import KernelReport, Report
 
 
 @dataclass(frozen=True)

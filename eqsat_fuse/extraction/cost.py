@@ -35,11 +35,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .costmodel import CostModel, Prices, nbytes, node_flops
 from ..errors import EqsatFuseError
 from ..graphs import postorder, reachable
 from ..ops import OPS
 from ..saturation.serialized import ENode, SerializedEGraph
+from .costmodel import CostModel, Prices, nbytes, node_flops
 
 EPS = 1e-6    # price of one inline node, in the objective's unit: ties go to smaller programs
 CONST_LEAVES = {"Const", "Scalar", "Ints", "Absent"}

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..saturation.serialized import SerializedEGraph
 from .cost import Extraction, ExtractionError, inline_classes
 from .costmodel import CostModel
 from .registry import extract
-from ..saturation.serialized import SerializedEGraph
 
 
 @dataclass

@@ -12,12 +12,12 @@ from typing import Iterable
 
 import numpy as np
 
+from ..ops import OPS
+from ..saturation.serialized import SerializedEGraph
 from .classgraph import class_order, cyclic_classes
 from .cost import (ANCHOR_KINDS, CONST_LEAVES, Extraction, ExtractionError, Pricing, choice_from,
                    finish, inline_classes, inline_legal)
 from .costmodel import CostModel
-from ..ops import OPS
-from ..saturation.serialized import SerializedEGraph
 
 
 class _Option:

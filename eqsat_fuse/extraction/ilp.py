@@ -44,15 +44,15 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..graphs import reachable
+from ..ops import OPS
+from ..saturation.serialized import SerializedEGraph
 from .classgraph import strongly_connected
 from .cost import (Extraction, ExtractionError, Pricing, choice_from, duplicate_nodes, finish,
                    inline_legal, is_anchor, maybe_inline_legal)
 from .costmodel import CostModel
 from .greedy import GreedyDagExtractor
 from .milp import Milp
-from ..graphs import reachable
-from ..ops import OPS
-from ..saturation.serialized import SerializedEGraph
 
 _BOUNDARY_OPS = ("Mat", "Input")
 

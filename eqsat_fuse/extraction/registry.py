@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..errors import EqsatFuseError
+from ..saturation.serialized import SerializedEGraph
 from .cost import Extraction
 from .costmodel import CostModel
 from .greedy import GreedyDagExtractor
 from .ilp import IlpExtractor
 from .tree import TreeExtractor
-from ..errors import EqsatFuseError
-from ..saturation.serialized import SerializedEGraph
 
 EXTRACTORS: dict[str, type] = {"tree": TreeExtractor, "greedy-dag": GreedyDagExtractor,
                                "ilp": IlpExtractor}

@@ -9,11 +9,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from ..ops import OPS
+from ..saturation.serialized import SerializedEGraph
 from .cost import (ANCHOR_KINDS, CONST_LEAVES, Extraction, ExtractionError, Pricing, finish,
                    inline_legal)
 from .costmodel import CostModel
-from ..ops import OPS
-from ..saturation.serialized import SerializedEGraph
 
 
 _TREE_EPS = 1e-9     # every node adds this much in the tree DP: strictly increasing costs

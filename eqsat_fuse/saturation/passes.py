@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..extraction.costmodel import CostModel
-from ..frontend.encode import Encoding, encode_choice
 from ..extraction.cost import roots_of
+from ..extraction.costmodel import CostModel
 from ..extraction.registry import extract
+from ..frontend.encode import Encoding, encode_choice
 from ..ir import Graph
 from .saturate import (Budgets, IterationRecord, RuleProgram, SaturationReport, StopReason,
                        iteration_record)

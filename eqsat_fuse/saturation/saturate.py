@@ -24,8 +24,8 @@ from typing import Sequence
 
 from egglog import bindings
 
-from ..frontend.encode import Encoding
 from ..errors import EqsatFuseError, RuleFileError
+from ..frontend.encode import Encoding
 from ..resources import data_dir, rule_files, schedule_file
 
 # Commands a user's rule file may contain. Everything else (include, input, output, extract,

@@ -31,8 +31,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..extraction.costmodel import load_cost_model
 from ..errors import EqsatFuseError
+from ..extraction.costmodel import load_cost_model
 from ..ops import OPS, evaluate
 
 # elementwise ops the calibration does not time: each costs about one Add per element

@@ -18,8 +18,8 @@ import math
 from functools import cache
 from pathlib import Path
 
-from ..frontend.encode import Encoding, constructor_sorts
 from ..checking.patterns import Call, Lit, Pattern, Rule, Var, parse_rule_files
+from ..frontend.encode import Encoding, constructor_sorts
 from ..saturation.serialized import SerializedEGraph
 
 _TERM_SORTS = ("T", "TList")

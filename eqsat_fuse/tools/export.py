@@ -49,8 +49,8 @@ from ..files import write_atomically
 from ..frontend.importer import CANONICAL_OPSET
 from ..frontend.protos import all_tensors
 from ..frontend.reading import EXPORT_DOMAIN, inline_functions  # noqa: F401  (export's own)
-from ..lowering.lower import contiguous
 from ..ir import BodyNode, Kernel, Operand, TensorInfo
+from ..lowering.lower import contiguous
 from ..ops import OPS
 
 MIN_OPSET = 18              # ReduceMean takes its axes as an input from opset 18 on

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import packed_gemm as PG
 from ...ir import BodyNode, Operand
 from ...lowering.layout import Layout
-from . import packed_gemm as PG
 from .emitter import Emitter
 from .spaces import Tensor, Unsupported, batch_map, broadcast_layout, row_table
 
