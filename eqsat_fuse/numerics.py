@@ -1,0 +1,145 @@
+"""The numerics contract: what a compiled program may change about floating-point results.
+
+Two modes (docs/numerics.md has the contract in full):
+
+- ``"exact"`` (the default): the compiled program keeps the IEEE behaviour of the model as the
+  reference runs it. No rewrite and no kernel may change which elements are NaN, +-inf or a
+  signed zero; other differences stay within the per-op-family bounds of docs/numerics.md
+  (rounding of a different but equivalent order of operations). Rules tagged ``:numerics fast``
+  are not loaded, and the Numba kernels are compiled with the LLVM flag ``contract`` only
+  (fused multiply-add), never with ``arcp`` (reciprocal for division), ``nsz`` (no signed zeros)
+  or ``reassoc``.
+- ``"fast"`` (``numerics="fast"``, ``--fast-math``): like a C compiler's ``-ffast-math``: the
+  rules tagged ``:numerics fast`` run too (division by a constant as multiplication by its
+  reciprocal, constants re-associated across a chain, ``x + 0`` dropped, ...) and the kernels
+  get ``arcp`` and ``nsz`` as well. The report lists the inexact rules that shaped the program.
+
+A rule is tagged in its rule file by the keyword ``:numerics fast`` among its options, next to
+``:ruleset`` and ``:name``::
+
+    (rule ((= e (Div x c)) (const c)) ((union e (Mul x (Reciprocal c))))
+          :ruleset canon :name "div-const-as-mul" :numerics fast)
+
+egglog does not know the keyword: `split_tags` blanks it out (column positions kept, so egglog's
+error locations stay right) and says which top-level forms carried it. Both readers of rule
+files, saturation (`saturation.saturate.RuleProgram`) and the soundness checker
+(`checking.patterns`), call it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import EqsatFuseError, RuleFileError
+
+MODES = ("exact", "fast")
+DEFAULT = "exact"
+
+# The LLVM fast-math flags of the generated Numba kernels in each mode. "contract" (a*b+c as a
+# fused multiply-add) rounds once instead of twice: it never creates a NaN, an inf or a signed
+# zero that the separate operations would not, and it is within the contract's bound.
+FASTMATH = {"exact": frozenset({"contract"}), "fast": frozenset({"contract", "arcp", "nsz"})}
+
+_TAG = re.compile(r":numerics(\s+)([^\s()]+)")
+
+
+def resolve(numerics: str | None) -> str:
+    """The mode a program is compiled in: `numerics`, or the default ("exact")."""
+    if numerics is None:
+        return DEFAULT
+    if numerics not in MODES:
+        raise EqsatFuseError(f"numerics must be one of {', '.join(MODES)}, got {numerics!r}")
+    return numerics
+
+
+def fastmath_source(numerics: str) -> str:
+    """The `fastmath=` argument of a generated kernel's `@njit`, as source text."""
+    return "{" + ", ".join(f'"{flag}"' for flag in sorted(FASTMATH[numerics])) + "}"
+
+
+@dataclass(frozen=True)
+class Tagged:
+    """Where a top-level form of a rule file carried `:numerics MODE`."""
+
+    start: int          # offset of the form's opening parenthesis in the text
+    mode: str           # "fast" (the one tag value there is)
+    line: int
+
+
+def _top_level_starts(text: str) -> list[tuple[int, int]]:
+    """(start, end) offsets of each top-level parenthesized form, outside strings and comments."""
+    forms, depth, start, i, n = [], 0, 0, 0, len(text)
+    in_string = False
+    while i < n:
+        char = text[i]
+        if in_string:
+            if char == "\\":
+                i += 1
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char == ";":
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        elif char == "(":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif char == ")" and depth:
+            depth -= 1
+            if depth == 0:
+                forms.append((start, i + 1))
+        i += 1
+    return forms
+
+
+def split_tags(text: str, filename: str) -> tuple[str, list[Tagged]]:
+    """`text` with every `:numerics MODE` option blanked out (same length, same lines), and the
+    forms that carried one. A tag outside a rule's options, or with a mode other than "fast",
+    is a `RuleFileError` at its line."""
+    tags: list[Tagged] = []
+    if ":numerics" not in text:
+        return text, tags
+    forms = _top_level_starts(text)
+    pieces, last = [], 0
+    for match in _TAG.finditer(text):
+        offset = match.start()
+        line = text.count("\n", 0, offset) + 1
+        if _in_comment_or_string(text, offset):
+            continue
+        mode = match.group(2)
+        if mode != "fast":
+            raise RuleFileError(f":numerics takes one value, fast (a rule is exact unless "
+                                f"tagged), not {mode!r}", file=filename, line=line)
+        form = next(((s, e) for s, e in forms if s < offset < e), None)
+        if form is None:
+            raise RuleFileError(":numerics is an option of a rule, inside its parentheses",
+                                file=filename, line=line)
+        tags.append(Tagged(form[0], mode, line))
+        pieces += [text[last:offset], " " * (match.end() - offset)]
+        last = match.end()
+    pieces.append(text[last:])
+    return "".join(pieces), tags
+
+
+def _in_comment_or_string(text: str, offset: int) -> bool:
+    """Whether `offset` lies in a `;` comment or a string (scanning its line from the start)."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    in_string = False
+    i = line_start
+    while i < offset:
+        char = text[i]
+        if in_string:
+            if char == "\\":
+                i += 1
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char == ";":
+            return True
+        i += 1
+    return in_string
