@@ -201,8 +201,11 @@ class _Decls:
 
 
 def _read(path: Path) -> str:
+    """The rule file's text, with its `:numerics fast` tags blanked out (`numerics.split_tags`)."""
+    from ..numerics import split_tags
+
     try:
-        return path.read_text()
+        return split_tags(path.read_text(), str(path))[0]
     except OSError as exc:
         raise RuleFileError(f"cannot read the rule file: {exc.strerror}", file=str(path)) from None
     except UnicodeDecodeError:
