@@ -60,6 +60,10 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
                         help="threads the program runs on: Numba's parallel loops (BLAS "
                              "single-threaded inside them) or the NumPy backend's BLAS "
                              "(default: the cores this process may use)")
+    parser.add_argument("--fast-math", action="store_true",
+                        help="like -ffast-math: also run the rules tagged ':numerics fast' and "
+                             "compile kernels with fast-math flags; results may then differ in "
+                             "NaN, infinities and signed zeros (default: exact, docs/numerics.md)")
     parser.add_argument("--input-shape", action="extend", nargs="+", type=_input_shape,
                         default=[], metavar="NAME=D1,D2,...",
                         help="shapes to compile for, one or more per flag: a dynamic input's, or "
@@ -90,7 +94,8 @@ def _compile(args, model):
                          budgets=Budgets(args.max_iterations, args.max_nodes, args.max_seconds),
                          progress=progress, hard_limits=args.hard_limits,
                          storage_dtype=args.storage_dtype, threads=args.threads,
-                         objective=args.objective, ilp_seconds=args.ilp_seconds)
+                         objective=args.objective, ilp_seconds=args.ilp_seconds,
+                         numerics="fast" if args.fast_math else "exact")
 
 
 def _progress(stage: str) -> None:

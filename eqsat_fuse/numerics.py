@@ -60,14 +60,28 @@ def fastmath_source(numerics: str) -> str:
 
 @dataclass(frozen=True)
 class Tagged:
-    """Where a top-level form of a rule file carried `:numerics MODE`."""
+    """A top-level form of a rule file that carried `:numerics fast`."""
 
-    start: int          # offset of the form's opening parenthesis in the text
-    mode: str           # "fast" (the one tag value there is)
-    line: int
+    start: int          # character offsets of the form: its opening parenthesis
+    end: int            # and just after its closing one
+    line: int           # the tag's line
 
 
-def _top_level_starts(text: str) -> list[tuple[int, int]]:
+@dataclass(frozen=True)
+class Tags:
+    """The tagged forms of one rule file."""
+
+    forms: tuple[Tagged, ...] = ()
+
+    def fast_at(self, data: bytes, offset: int) -> bool:
+        """Whether egglog's byte `offset` into the (UTF-8) text lies in a form tagged fast."""
+        if not self.forms:
+            return False
+        chars = len(data[:offset].decode(errors="replace"))
+        return any(form.start <= chars < form.end for form in self.forms)
+
+
+def _top_level_forms(text: str) -> list[tuple[int, int]]:
     """(start, end) offsets of each top-level parenthesized form, outside strings and comments."""
     forms, depth, start, i, n = [], 0, 0, 0, len(text)
     in_string = False
@@ -96,14 +110,14 @@ def _top_level_starts(text: str) -> list[tuple[int, int]]:
     return forms
 
 
-def split_tags(text: str, filename: str) -> tuple[str, list[Tagged]]:
+def split_tags(text: str, filename: str) -> tuple[str, Tags]:
     """`text` with every `:numerics MODE` option blanked out (same length, same lines), and the
     forms that carried one. A tag outside a rule's options, or with a mode other than "fast",
     is a `RuleFileError` at its line."""
     tags: list[Tagged] = []
     if ":numerics" not in text:
-        return text, tags
-    forms = _top_level_starts(text)
+        return text, Tags()
+    forms = _top_level_forms(text)
     pieces, last = [], 0
     for match in _TAG.finditer(text):
         offset = match.start()
@@ -118,11 +132,11 @@ def split_tags(text: str, filename: str) -> tuple[str, list[Tagged]]:
         if form is None:
             raise RuleFileError(":numerics is an option of a rule, inside its parentheses",
                                 file=filename, line=line)
-        tags.append(Tagged(form[0], mode, line))
+        tags.append(Tagged(form[0], form[1], line))
         pieces += [text[last:offset], " " * (match.end() - offset)]
         last = match.end()
     pieces.append(text[last:])
-    return "".join(pieces), tags
+    return "".join(pieces), Tags(tuple(tags))
 
 
 def _in_comment_or_string(text: str, offset: int) -> bool:

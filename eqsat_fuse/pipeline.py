@@ -25,6 +25,7 @@ from .frontend.importer import import_model, with_input_shapes
 from .ir import KernelPlan
 from .lowering.decode import decode
 from .lowering.lower import Program, lower
+from .numerics import resolve as resolve_numerics
 from .saturation.limits import HardLimits, saturate_in_child
 from .saturation.passes import saturate_by_passes
 from .saturation.saturate import Budgets, saturate
@@ -130,7 +131,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             progress: Callable[[str], None] | None = None,
             hard_limits: HardLimits | None = None,
             objective: str = "latency", ilp_seconds: float = 30.0,
-            threads: int | None = None) -> Compiled:
+            threads: int | None = None, numerics: str | None = None) -> Compiled:
     """Compile an ONNX model (path or ModelProto) into a fused program for `target`.
 
     `rules` adds rule files to the shipped ones; `input_shapes` fixes dynamic input dims;
@@ -143,6 +144,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     `threads` is the program's one thread setting (default: the cores this process may use):
     the Numba backend's parallel loops, with BLAS single-threaded inside them, or the NumPy
     backend's BLAS; each run sets it and puts the process's settings back (see `threads`).
+    `numerics` is "exact" (the default: NaN, infinities and signed zeros as the model computes
+    them) or "fast" (also the rules tagged `:numerics fast` and the kernels' fast-math flags,
+    like -ffast-math; see `numerics` and docs/numerics.md).
     """
     timings: dict[str, float] = {}
     current: list = [None, time.perf_counter()]
@@ -156,6 +160,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             progress(name)
 
     _check_options(strategy, ilp_seconds)
+    numerics = resolve_numerics(numerics)
     cost_model = load_cost_model(target)
     stage("import")
     graph = import_model(model, input_shapes)
@@ -165,12 +170,13 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     if strategy == "passes":
         egraph, saturation, encoding = saturate_by_passes(
             encoding, graph, rules, budgets or Budgets(), cost_model.rule_files, cost_model,
-            extractor)
+            extractor, numerics)
     elif hard_limits is None:
-        egraph, saturation = saturate(encoding, rules, budgets or Budgets(), cost_model.rule_files)
+        egraph, saturation = saturate(encoding, rules, budgets or Budgets(), cost_model.rule_files,
+                                      numerics)
     else:
         egraph, saturation = saturate_in_child(encoding, rules, budgets or Budgets(), hard_limits,
-                                               cost_model.rule_files)
+                                               cost_model.rule_files, numerics)
     stage("extract")
     serialized = read_egraph(egraph)
     fill_missing_facts(serialized)
@@ -184,7 +190,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     if storage_dtype is None:
         storage_dtype = cost_model.storage_dtype
     program = lower(plan, backend, graph.opset, storage_dtype=storage_dtype, cache_dir=cache_dir,
-                    threads=threads)
+                    threads=threads, numerics=numerics)
     stage("done")
 
     report = _report(graph, cost_model, backend, extractor, objective, saturation, extraction,
@@ -237,5 +243,8 @@ def _report(graph, cost_model, backend: str, extractor: str, objective: str, sat
         extraction=dict(extraction.details, seconds=extraction.seconds),
         nodes_added_by_conversion=graph.nodes_added_by_conversion,
         rulesets={name: info.ruleset for name, info in saturation.rules.items()},
+        numerics=program.report.numerics,
+        inexact_rules={name: count for name, count in saturation.matches_per_rule.items()
+                       if name in saturation.rules and saturation.rules[name].numerics == "fast"},
         notes=list(saturation.notes),
         saturation_iterations=[record.as_dict() for record in saturation.per_iteration])

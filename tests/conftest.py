@@ -87,3 +87,45 @@ def conv_bn_relu_model(rng, with_bias=True):
              helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
              helper.make_node("Relu", ["n"], ["y"])]
     return make_model(nodes, [("x", [1, 4, 8, 8])], [("y", [1, 8, 8, 8])], inits)
+
+
+def _ieee_oracle(model, feeds, oracle):
+    if oracle == "reference":
+        from onnx.reference import ReferenceEvaluator
+        return ReferenceEvaluator(model).run(None, feeds)
+    return ort_outputs(model, feeds)
+
+
+def assert_same_ieee(got, want, where):
+    """`got` equals `want` in which elements are NaN, +inf, -inf, zero and negative, and in
+    value to 2e-6 (the numerics contract of docs/numerics.md, at its strictest)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape, where
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{where}: NaN")
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=f"{where}: +inf")
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"{where}: -inf")
+    keep = ~np.isnan(want)
+    np.testing.assert_array_equal(np.signbit(got[keep]), np.signbit(want[keep]),
+                                  err_msg=f"{where}: sign")
+    np.testing.assert_array_equal(got[keep] == 0, want[keep] == 0, err_msg=f"{where}: zero")
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=0, equal_nan=True, err_msg=where)
+
+
+def check_ieee(model, feeds, cache, oracle="ort", numerics=None):
+    """Both backends (exact numerics unless told) against the oracle (onnxruntime without
+    graph optimizations, or "reference"), `assert_same_ieee` output by output; the Numba
+    backend must have compiled every kernel. Returns the two compiled programs."""
+    import eqsat_fuse as ef
+
+    want = _ieee_oracle(model, feeds, oracle)
+    programs = []
+    for backend in ("numpy", "numba"):
+        kw = {"cache_dir": cache} if backend == "numba" else {}
+        program = ef.compile(model, backend=backend, numerics=numerics, **kw)
+        if backend == "numba":
+            assert program.report.backend_report["fallback_kernels"] == []
+        got = list(program.run(feeds).values())
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert_same_ieee(g, w, f"{backend} output {k}")
+        programs.append(program)
+    return programs

@@ -5,19 +5,16 @@ in values and, exactly, in which elements are NaN, +-inf or signed zero.
 
 The contract: no kernel may change which elements are NaN, +-inf or a signed zero (fastmath
 `contract` only changes the last bits; `arcp` and `nsz` are off, see backends/numba/source.py).
+The rewrites' side of the contract (items 1-5) is tests/test_numerics_contract.py.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
 
-import eqsat_fuse as ef
-
-from conftest import make_model
+from conftest import check_ieee, make_model
 
 F16, F64, I64 = TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT64
 
@@ -25,42 +22,6 @@ F16, F64, I64 = TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT64
 @pytest.fixture(scope="module")
 def kernel_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("numerics-cache")
-
-
-def _oracle(model, feeds, oracle):
-    if oracle == "reference":
-        return ReferenceEvaluator(model).run(None, feeds)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
-def _same(got, want, where):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape, where
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{where}: NaN")
-    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=f"{where}: +inf")
-    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"{where}: -inf")
-    keep = ~np.isnan(want)
-    np.testing.assert_array_equal(np.signbit(got[keep]), np.signbit(want[keep]),
-                                  err_msg=f"{where}: sign")
-    np.testing.assert_array_equal(got[keep] == 0, want[keep] == 0, err_msg=f"{where}: zero")
-    np.testing.assert_allclose(got, want, rtol=2e-6, atol=0, equal_nan=True, err_msg=where)
-
-
-def _check(model, feeds, cache, oracle="ort"):
-    """Both backends against the oracle; the Numba backend must have compiled every kernel."""
-    want = _oracle(model, feeds, oracle)
-    for backend in ("numpy", "numba"):
-        kw = {"cache_dir": cache} if backend == "numba" else {}
-        program = ef.compile(model, backend=backend, **kw)
-        if backend == "numba":
-            assert program.report.backend_report["fallback_kernels"] == []
-        got = list(program.run(feeds).values())
-        for k, (g, w) in enumerate(zip(got, want)):
-            _same(g, w, f"{backend} output {k}")
 
 
 def _unary_chain(ops, shape, dtype=TensorProto.FLOAT):
@@ -81,15 +42,7 @@ def test_division_by_a_subnormal_loop_invariant(kernel_cache, y_shape):
     model = make_model(nodes, [("x", [4, 4]), ("y", y_shape)], [("o", [4, 4])])
     x = np.tile(_NUM, (4, 1))
     y = np.array([1e-40, 2e-39, 1e-38, 3.0], np.float32)[:int(np.prod(y_shape))]
-    _check(model, {"x": x, "y": y.reshape(y_shape)}, kernel_cache)
-
-
-@pytest.mark.xfail(strict=True, reason="rules/canon.egg div-const-as-mul: x / c -> x * (1/c) "
-                   "overflows for a subnormal constant c (both backends; a rule, not a kernel)")
-def test_division_by_a_subnormal_constant(kernel_cache):
-    nodes = [helper.make_node("Div", ["x", "c"], ["q"]), helper.make_node("Relu", ["q"], ["o"])]
-    model = make_model(nodes, [("x", [4])], [("o", [4])], {"c": np.array(1e-40, np.float32)})
-    _check(model, {"x": _NUM}, kernel_cache)
+    check_ieee(model, {"x": x, "y": y.reshape(y_shape)}, kernel_cache)
 
 
 # -- item 7: a float64 inf / NaN constant in a kernel was written as the bare name `inf` --
@@ -99,7 +52,7 @@ def test_float64_nonfinite_constant(kernel_cache, value):
     nodes = [helper.make_node("Add", ["x", "c"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])]
     model = make_model(nodes, [("x", [4], F64)], [("y", [4], F64)],
                        {"c": np.array(value, np.float64)})
-    _check(model, {"x": np.array([1.0, -2.0, 0.5, 3.0])}, kernel_cache)
+    check_ieee(model, {"x": np.array([1.0, -2.0, 0.5, 3.0])}, kernel_cache)
 
 
 # -- item 8: Pow with an integer exponent <= -2 and a zero base raised ZeroDivisionError --
@@ -107,7 +60,7 @@ def test_float64_nonfinite_constant(kernel_cache, value):
 def test_pow_constant_negative_integer_exponent(kernel_cache):
     nodes = [helper.make_node("Pow", ["x", "e"], ["p"]), helper.make_node("Neg", ["p"], ["y"])]
     model = make_model(nodes, [("x", [4])], [("y", [4])], {"e": np.array(-3, np.int64)})
-    _check(model, {"x": np.array([0.0, -0.0, 2.0, 1.0], np.float32)}, kernel_cache)
+    check_ieee(model, {"x": np.array([0.0, -0.0, 2.0, 1.0], np.float32)}, kernel_cache)
 
 
 def test_pow_integer_exponent_input(kernel_cache):
@@ -115,7 +68,7 @@ def test_pow_integer_exponent_input(kernel_cache):
     model = make_model(nodes, [("x", [4]), ("e", [4], I64)], [("y", [4])])
     feeds = {"x": np.array([0.0, -0.0, 2.0, 0.0], np.float32),
              "e": np.array([-2, -3, -2, -5], np.int64)}
-    _check(model, feeds, kernel_cache)
+    check_ieee(model, feeds, kernel_cache)
 
 
 # -- item 9: a row whose variance overflows float32 gave NaN (1 / sqrt(inf) estimated) --
@@ -136,7 +89,7 @@ def test_layernorm_variance_overflow(kernel_cache, fused):
         model = make_model(nodes, [("x", [2, 4])], [("y", [2, 4])], inits)
         feeds = {"x": x}
     with np.errstate(over="ignore"):
-        _check(model, feeds, kernel_cache)
+        check_ieee(model, feeds, kernel_cache)
 
 
 # -- item 10: 1 / sqrt(x) was a reciprocal-square-root estimate (arcp): NaN at 0 and inf --
@@ -145,14 +98,14 @@ _RSQRT_X = np.array([0.0, -0.0, np.inf, 1e-40], np.float32)
 
 
 def test_reciprocal_of_sqrt(kernel_cache):
-    _check(_unary_chain(["Sqrt", "Reciprocal"], [4]), {"x": _RSQRT_X}, kernel_cache)
+    check_ieee(_unary_chain(["Sqrt", "Reciprocal"], [4]), {"x": _RSQRT_X}, kernel_cache)
 
 
 def test_division_by_sqrt(kernel_cache):
     nodes = [helper.make_node("Sqrt", ["x"], ["s"]), helper.make_node("Div", ["w", "s"], ["y"])]
     model = make_model(nodes, [("x", [4]), ("w", [4])], [("y", [4])])
     feeds = {"x": _RSQRT_X, "w": np.array([1.0, 1.0, -1.0, 1.0], np.float32)}
-    _check(model, feeds, kernel_cache)
+    check_ieee(model, feeds, kernel_cache)
 
 
 # -- item 11: a float16 result is rounded to float16 before a Cast reads it --
@@ -164,7 +117,7 @@ def test_float16_add_rounds_before_cast(kernel_cache):
     feeds = {"a": np.array([0.4307, 0.1, 1.0, 2.0], np.float16),
              "b": np.array([0.4304, 0.2, 1.0, 3.0], np.float16)}
     # onnxruntime's CPU provider computes float16 Add in float32 (a Cast it inserts itself)
-    _check(model, feeds, kernel_cache, oracle="reference")
+    check_ieee(model, feeds, kernel_cache, oracle="reference")
 
 
 def test_float16_chain_rounds_each_op(kernel_cache):
@@ -173,7 +126,7 @@ def test_float16_chain_rounds_each_op(kernel_cache):
     model = make_model(nodes, [("a", [4], F16), ("b", [4], F16)], [("y", [4])])
     feeds = {"a": np.array([0.333, 1.001, 3.0, 7.77], np.float16),
              "b": np.array([3.0, 1.001, 0.1, 1.3], np.float16)}
-    _check(model, feeds, kernel_cache, oracle="reference")
+    check_ieee(model, feeds, kernel_cache, oracle="reference")
 
 
 # -- signed zeros (fastmath nsz): -(x - y) is not y - x, 0 + p is not p --
@@ -195,12 +148,4 @@ def test_signed_zeros(kernel_cache, case):
                  helper.make_node("Less", ["y", "x"], ["c"]),
                  helper.make_node("Where", ["c", "t", "y"], ["o"])]
     model = make_model(nodes, [("x", [4]), ("y", [4])], [("o", [4])])
-    _check(model, _ZEROS, kernel_cache)
-
-
-@pytest.mark.xfail(strict=True, reason="rules/canon.egg add-zero: x + 0.0 -> x keeps -0, "
-                   "where -0 + 0 = +0 (both backends; a rule, not a kernel)")
-def test_add_constant_zero_to_negative_zero(kernel_cache):
-    nodes = [helper.make_node("Add", ["x", "z"], ["t"]), helper.make_node("Neg", ["t"], ["o"])]
-    model = make_model(nodes, [("x", [4])], [("o", [4])], {"z": np.array(0.0, np.float32)})
-    _check(model, {"x": _ZEROS["x"]}, kernel_cache)
+    check_ieee(model, _ZEROS, kernel_cache)

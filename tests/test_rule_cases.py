@@ -8,7 +8,9 @@ must equate, `(check (= a b))`, and what they must not, `(fail (check ...))`. A 
 does); a plain egglog `(run-schedule ...)` runs single rulesets. Commands before the first case
 are a prelude that runs before each case. Every case runs on a fresh `RuleProgram`: the shipped
 rule files, loaded as `saturate` loads them, plus the target's own file for cases under
-tests/rule_cases/targets/<target>.egg. A failing check is reported as `FILE:LINE:COLUMN: ...`.
+tests/rule_cases/targets/<target>.egg; a case with a line `; numerics: fast` loads the rules
+tagged `:numerics fast` too (as `--fast-math` does), any other case runs in the default exact
+mode, without them. A failing check is reported as `FILE:LINE:COLUMN: ...`.
 See tests/rule_cases/README and docs/rules.md ("Testing a rule").
 """
 
@@ -27,6 +29,7 @@ from eqsat_fuse.saturation.saturate import RuleProgram
 
 CASES = Path(__file__).resolve().parent / "rule_cases"
 _CASE = re.compile(r";\s*case:\s*([\w.-]+)\s*")
+_FAST = re.compile(r";\s*numerics:\s*fast\s*")
 _SCHEDULE = re.compile(r"\s*\(saturate-schedule\)\s*(;.*)?")
 _LET = re.compile(r"\(let\s+(\$[\w-]+)")
 _GLOBAL = re.compile(r"\$[\w-]+")
@@ -47,6 +50,11 @@ class Case:
         """The target whose own rules this case needs (cases under rule_cases/targets/)."""
         return self.file.stem if self.file.parent.name == "targets" else None
 
+    @property
+    def numerics(self) -> str:
+        """"fast" for a case with a `; numerics: fast` line, else "exact"."""
+        return "fast" if any(_FAST.fullmatch(line) for line in self.lines) else "exact"
+
 
 def parse_cases(path: Path) -> list[Case]:
     """The cases of one case file, in order."""
@@ -66,21 +74,21 @@ def parse_cases(path: Path) -> list[Case]:
     return cases
 
 
-def program_for(target: str | None) -> RuleProgram:
+def program_for(target: str | None, numerics: str = "exact") -> RuleProgram:
     """A fresh e-graph with the shipped rules and, for a target, its own shipped rule file
     (scheduled after the shipped rulesets, as when compiling for that target)."""
     if target is None:
-        return RuleProgram()
+        return RuleProgram(numerics=numerics)
     files = [p for p in all_target_rule_files() if p.stem == target]
     assert files, f"no shipped rule file for target {target!r}"
-    return RuleProgram(target_rules=files)
+    return RuleProgram(target_rules=files, numerics=numerics)
 
 
 def run_case(case: Case, program: RuleProgram | None = None) -> RuleProgram:
     """Run one case on a fresh program (or `program`); a failing command raises RuleFileError
     naming the case file and line. Text is run in segments split at `(saturate-schedule)`
     lines, each padded with blank lines so that egglog's spans keep the file's line numbers."""
-    program = program or program_for(case.target)
+    program = program or program_for(case.target, case.numerics)
     filename = str(case.file)
     defined: set[str] = set()
 

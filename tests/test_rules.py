@@ -148,6 +148,9 @@ case("sub-as-add-neg", graph([("Sub", ["x", "z"], ["y"], {})], {"x": [3, 4], "z"
                              {"y": [3, 4]}))
 case("div-const-as-mul", graph([("Div", ["x", "c"], ["y"], {})], {"x": [3, 4]}, {"y": [3, 4]},
                                {"c": rand(4, low=0.5, high=2.0)}))
+case("div-exact-reciprocal-as-mul",
+     graph([("Div", ["x", "c"], ["y"], {})], {"x": [3, 4]}, {"y": [3, 4]},
+           {"c": np.array([2.0, 0.25, -4.0, 2.0 ** 100], F)}))
 for name, ops in [("mul-mul-const", ("Mul", "Mul")), ("add-add-const", ("Add", "Add")),
                   ("add-mul-const", ("Add", "Mul"))]:
     chain = graph([("Relu", ["x"], ["r"], {}), (ops[0], ["r", "a"], ["m"], {}),
@@ -155,6 +158,11 @@ for name, ops in [("mul-mul-const", ("Mul", "Mul")), ("add-add-const", ("Add", "
                   {"a": rand(4), "b": rand(4)})
     case(name, chain, kernels_at_most(1))
     case(name + "-mat", chain, kernels_at_most(1))
+fractions = graph([("Relu", ["x"], ["r"], {}), ("Mul", ["r", "a"], ["m"], {}),
+                   ("Mul", ["m", "b"], ["y"], {})], {"x": [3, 4]}, {"y": [3, 4]},
+                  {"a": rand(4, low=0.1, high=1.0), "b": rand(4, low=0.1, high=1.0)})
+case("mul-mul-fraction", fractions, kernels_at_most(1))
+case("mul-mul-fraction-mat", fractions, kernels_at_most(1))
 for rank, shape in [(2, [3, 4]), (3, [2, 4, 5]), (4, [1, 4, 3, 3])]:
     case(f"batchnorm-as-affine-{rank}d",
          graph([("Relu", ["x"], ["r"], {}),
@@ -386,8 +394,15 @@ def test_every_rule_has_a_case():
 
 @pytest.mark.parametrize("rule", sorted(CASES))
 def test_rule_fires_and_the_program_matches_onnxruntime(rule):
+    """Each rule on its model; a rule tagged `:numerics fast` under numerics="fast" (in the
+    default exact mode it must not fire at all)."""
     model, goal, feeds = CASES[rule]
-    compiled = ef.compile(model)
+    if RuleProgram().rules[rule].numerics == "fast":
+        assert rule not in ef.compile(model).report.matches_per_rule, \
+            f"{rule} is tagged :numerics fast but fired in exact mode"
+        compiled = ef.compile(model, numerics="fast")
+    else:
+        compiled = ef.compile(model)
     report = compiled.report
     assert report.matches_per_rule.get(rule, 0) >= 1, \
         f"{rule} did not fire; fired: {sorted(report.matches_per_rule)}"

@@ -68,6 +68,7 @@ class BackendContext:
     opaque: Callable[[BodyNode, list], np.ndarray]   # runs an Opaque node (onnx.reference)
     cache_dir: str | Path | None             # where generated code is kept (None: default)
     threads: int                             # the program's one thread setting (resolved)
+    numerics: str = "exact"                  # "exact" or "fast" (eqsat_fuse.numerics)
 
 
 @dataclass

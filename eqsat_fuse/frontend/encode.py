@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 
+import numpy as np
 from egglog import bindings
 
 from ..graphs import postorder
@@ -88,6 +89,38 @@ def _splat_value(value) -> float | None:
     return float(value.reshape(-1)[0])
 
 
+def _value_facts(var: str, value) -> list[str]:
+    """The facts about a model constant's values that rules may read: `scalar-value` of a
+    one-element constant (`_splat_value`), and the relations the exact-mode rules of canon.egg
+    rely on (declared in lang.egg), each true of every element:
+
+    - `exact-reciprocal`: +-2^k whose reciprocal 2^-k is representable in the dtype, so that
+      x / c and x * (1/c) round the same real number;
+    - `fraction`: finite, 1e-6 <= |v| <= 1 (float32 and float64 only: a product of two of them
+      is a normal number there, and neither x * a nor x * (a * b) can overflow);
+    - `plus-zero`: +0.0, not -0.0.
+    """
+    lines = []
+    splat = _splat_value(value)
+    if splat is not None:
+        lines.append(f"(set (scalar-value {var}) {render_float(splat)})")
+    if value.dtype.kind != "f" or value.size == 0:
+        return lines
+    with np.errstate(all="ignore"):
+        mantissa, _ = np.frexp(value)
+        reciprocal = np.reciprocal(value)
+        if (np.all(np.abs(mantissa) == 0.5) and np.all(np.isfinite(reciprocal))
+                and np.all(reciprocal * value == 1)):
+            lines.append(f"(exact-reciprocal {var})")
+        magnitude = np.abs(value)
+        if value.dtype in (np.float32, np.float64) and np.all(
+                (magnitude >= 1e-6) & (magnitude <= 1)):
+            lines.append(f"(fraction {var})")
+    if np.all(value == 0) and not np.any(np.signbit(value)):
+        lines.append(f"(plus-zero {var})")
+    return lines
+
+
 def encode(graph: Graph) -> Encoding:
     """Write the graph as egglog lets: leaves, then one Mat-wrapped term per node output."""
     sorts = constructor_sorts()
@@ -112,9 +145,8 @@ def encode(graph: Graph) -> Encoding:
         if constructor == "Input":
             lines.append(f"(dynamic {var})")
         value = graph.initializers.get(name) if constructor == "Const" else None
-        splat = _splat_value(value) if value is not None else None
-        if splat is not None:
-            lines.append(f"(set (scalar-value {var}) {render_float(splat)})")
+        if value is not None:
+            lines.extend(_value_facts(var, value))
         value_vars[name] = var
 
     used = {i for n in graph.nodes for i in n.inputs if i} | set(graph.outputs)
@@ -196,9 +228,8 @@ def encode_choice(eg, choice: dict[int, int], encoding: Encoding, graph: Graph) 
             lines.append(f"(dynamic {var})")
         if node.op == "Const":
             value = graph.initializers.get(encoding.leaf_keys[node.attrs[0]])
-            splat = _splat_value(value) if value is not None else None
-            if splat is not None:
-                lines.append(f"(set (scalar-value {var}) {render_float(splat)})")
+            if value is not None:
+                lines.extend(_value_facts(var, value))
     value_vars = {value: f"$c{eg.lets[var]}" for value, var in encoding.value_vars.items()
                   if var in eg.lets and eg.lets[var] in visited}
     return Encoding(program="\n".join(lines) + "\n", leaf_keys=encoding.leaf_keys,

@@ -36,14 +36,16 @@ BACKENDS = backend_names()          # the registered backends' names (`backends.
 
 def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
           storage_dtype: str = "float32", cache_dir: str | None = None,
-          threads: int | None = None, reuse_inline: bool = True) -> Program:
+          threads: int | None = None, reuse_inline: bool = True,
+          numerics: str = "exact") -> Program:
     """Fold constants, plan memory, and build the steps of `backend` (a name in BACKENDS).
 
     `storage_dtype` "float16" stores float32 intermediates as float16; `cache_dir` is where the
     Numba backend keeps generated kernels (default: $EQSAT_FUSE_CACHE_DIR or the user cache);
     `threads` is the program's one thread setting (default: this process's cores, see
     `threads`): the Numba backend's parallel loops, with BLAS single-threaded inside them, or
-    the NumPy backend's BLAS.
+    the NumPy backend's BLAS. `numerics` ("exact" or "fast") picks the kernels' floating-point
+    flags (`eqsat_fuse.numerics`).
     """
     check_options(backend, storage_dtype)
     threads = resolve_threads(threads)
@@ -56,10 +58,10 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
         plan, removed = reuse_inline_copies(plan)
         opaque.plan = plan
     storage = plan_storage(plan, constants, storage_dtype)
-    context = BackendContext(plan, constants, storage, opaque, cache_dir, threads)
+    context = BackendContext(plan, constants, storage, opaque, cache_dir, threads, numerics)
     chosen = create_backend(backend, context)
     report = BackendReport(backend=backend, storage_dtype=storage_dtype, removed_kernels=removed,
-                           threads=threads)
+                           threads=threads, numerics=numerics)
     prepared = prepare_kernels(plan, storage, chosen, NumpyBackend(context), report)
     memory = plan_kernel_memory(plan, storage, prepared)
     arena = Arena(plan, memory, storage)

@@ -38,6 +38,7 @@ class BackendReport:
     jit_loaded: int = 0                   # loaded from the disk cache
     sources: int = 0                      # distinct generated sources
     threads: int = 1
+    numerics: str = "exact"               # the numerics mode (eqsat_fuse.numerics)
     removed_kernels: int = 0              # recomputed buffers read from the inline copy instead
     segments: int = 0                     # compiled functions a run calls (kernels in sequence)
 

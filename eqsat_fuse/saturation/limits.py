@@ -115,12 +115,12 @@ class ExportedEGraph:
 # ---- the parent ---------------------------------------------------------------------------------
 
 def saturate_in_child(encoding, user_rules: list[str | Path] | None, budgets: Budgets,
-                      limits: HardLimits, target_rules: Sequence[str] = ()
-                      ) -> tuple[ExportedEGraph, SaturationReport]:
+                      limits: HardLimits, target_rules: Sequence[str] = (),
+                      numerics: str = "exact") -> tuple[ExportedEGraph, SaturationReport]:
     """`saturate.saturate` in a child process under `limits`; same result, e-graph as an export."""
     request = pickle.dumps({
         "encoding": encoding, "rules": [str(p) for p in user_rules or []], "budgets": budgets,
-        "target_rules": list(target_rules), "memory_mb": limits.memory_mb, "seconds": limits.seconds})
+        "target_rules": list(target_rules), "numerics": numerics, "memory_mb": limits.memory_mb, "seconds": limits.seconds})
     env = dict(os.environ, MALLOC_ARENA_MAX="2", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
                RUST_BACKTRACE="0", PYTHONFAULTHANDLER="")
     env["PYTHONPATH"] = os.pathsep.join(
@@ -396,7 +396,8 @@ def _child_main() -> int:
             cap = _virtual_bytes() + request["memory_mb"] * (1 << 20)
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         egraph, report = saturate_module.saturate(request["encoding"], request["rules"],
-                                                  request["budgets"], request["target_rules"])
+                                                  request["budgets"], request["target_rules"],
+                                                  request["numerics"])
         inner = egraph._inner if isinstance(egraph, _SnapshotEGraph) else egraph
         export = inner.serialize([]).to_json().encode()
         channel.send({"kind": "done", "report": dataclasses.asdict(report)}, export)

@@ -78,14 +78,14 @@ def _load(program: RuleProgram, encoding: Encoding) -> None:
 
 def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | Path] | None,
                        budgets: Budgets, target_rules: Sequence[str], cost_model: CostModel,
-                       extractor: str = "greedy-dag"):
+                       extractor: str = "greedy-dag", numerics: str = "exact"):
     """Run the pass pipeline; returns (e-graph holding the final program, report, its encoding).
 
     Each pass runs its ruleset (under the back-off scheduler) until it stops changing the
     e-graph or `budgets.iterations` runs; `budgets.seconds` bounds the whole pipeline.
     """
     started = time.perf_counter()
-    probe = RuleProgram(user_rules, target_rules)
+    probe = RuleProgram(user_rules, target_rules, numerics)
     passes = [*SHIPPED_PASSES, *(r for r in probe.rulesets
                                   if r not in SHIPPED_PASSES and r != "analysis")]
     matches: dict[str, int] = {}
@@ -101,7 +101,7 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
             if time.perf_counter() - started >= budgets.seconds:
                 stop_reason = StopReason.TIME_BUDGET
                 break
-            program = RuleProgram(user_rules, target_rules)
+            program = RuleProgram(user_rules, target_rules, numerics)
             _load(program, current)
             step = program.egraph.parse_program(
                 f"(run-schedule (seq (saturate (run analysis)) (run-with $backoff {ruleset})))",
@@ -127,7 +127,7 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
             matches[rule] = matches.get(rule, 0) + count
         records.append(iteration_record(rounds, round_matches, nodes,
                                         time.perf_counter() - round_started))
-    final = RuleProgram(user_rules, target_rules)
+    final = RuleProgram(user_rules, target_rules, numerics)
     _load(final, current)
     final.egraph.run_program(*final.egraph.parse_program("(run-schedule (saturate (run analysis)))",
                                                          filename="<analysis>"))

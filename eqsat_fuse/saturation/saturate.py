@@ -26,6 +26,7 @@ from egglog import bindings
 
 from ..errors import EqsatFuseError, RuleFileError
 from ..frontend.encode import Encoding
+from ..numerics import split_tags
 from ..resources import data_dir, rule_files, schedule_file
 
 # Commands a user's rule file may contain. Everything else (include, input, output, extract,
@@ -66,6 +67,7 @@ class RuleInfo:
     ruleset: str
     file: str
     line: int
+    numerics: str = "exact"     # "fast": tagged `:numerics fast`, loaded only in fast mode
 
 
 class StopReason(StrEnum):
@@ -202,10 +204,15 @@ def _rule_file_error(exc: Exception, default_file: str, text: str | None = None)
 
 
 class RuleProgram:
-    """An e-graph with the term language, the shipped rules and any user rules loaded."""
+    """An e-graph with the term language, the shipped rules and any user rules loaded.
+
+    In `numerics="exact"` mode (the default) the rules tagged `:numerics fast` are read and
+    listed in `rules` (with `numerics="fast"`) but not loaded into the e-graph, so they never
+    fire; in "fast" mode they are loaded like the others (see `eqsat_fuse.numerics`)."""
 
     def __init__(self, user_rules: list[str | Path] | None = None,
-                 target_rules: Sequence[str | Path] = ()):
+                 target_rules: Sequence[str | Path] = (), numerics: str = "exact"):
+        self.numerics = numerics
         self.egraph = bindings.EGraph()
         self.files: list[str] = []
         self.rules: dict[str, RuleInfo] = {}
@@ -242,6 +249,8 @@ class RuleProgram:
             raise RuleFileError(f"cannot read the rule file: {exc.strerror}", file=str(path)) from None
         except UnicodeDecodeError:
             raise RuleFileError("not a text file", file=str(path)) from None
+        text, tags = split_tags(text, str(path))
+        data = text.encode()
         commands = self._parse(text, str(path))
         allowed = _SHIPPED_ALLOWED if trusted else _USER_ALLOWED
         setup, iteration = [], []
@@ -261,7 +270,11 @@ class RuleProgram:
                     f"command {what!r} is not allowed in a rule file (a rule file may only "
                     f"declare rulesets, rules and relations)", file=str(path), line=line,
                     column=column)
-            self._note_rule(command, text, str(path))
+            offset = _command_span(command)
+            fast = offset is not None and tags.fast_at(data, offset)
+            self._note_rule(command, text, str(path), "fast" if fast else "exact")
+            if fast and self.numerics != "fast":
+                continue
             setup.append(command)
         try:
             self.egraph.run_program(*setup)
@@ -278,7 +291,7 @@ class RuleProgram:
         except Exception as exc:
             raise _rule_file_error(exc, filename, text) from None
 
-    def _note_rule(self, command, text: str, file: str) -> None:
+    def _note_rule(self, command, text: str, file: str, numerics: str = "exact") -> None:
         kind = type(command).__name__
         if kind == "AddRuleset":
             self.rulesets.append(command.name)
@@ -304,7 +317,7 @@ class RuleProgram:
             line, column = _location(text, span.i)
             raise RuleFileError(f"rule name {name!r} is already used at {other.file}:{other.line}",
                                 file=file, line=line, column=column)
-        self.rules[name] = RuleInfo(name, ruleset, file, _location(text, span.i)[0])
+        self.rules[name] = RuleInfo(name, ruleset, file, _location(text, span.i)[0], numerics)
 
     def run_text(self, text: str, filename: str) -> None:
         """Run trusted egglog text (a rule test case: lets, facts, runs, checks) on this
@@ -354,13 +367,15 @@ class RuleProgram:
 
 def saturate(encoding: Encoding, user_rules: list[str | Path] | None = None,
              budgets: Budgets = Budgets(),
-             target_rules: Sequence[str | Path] = ()) -> tuple[bindings.EGraph, SaturationReport]:
+             target_rules: Sequence[str | Path] = (), numerics: str = "exact"
+             ) -> tuple[bindings.EGraph, SaturationReport]:
     """Run the rules on the encoded model until saturation or a budget; return e-graph and report.
 
     `target_rules` are the rule files only the target loads (`CostModel.rule_files`, from its
-    cost file's `[target] rules`)."""
+    cost file's `[target] rules`); `numerics` ("exact" or "fast") says whether the rules tagged
+    `:numerics fast` run (see `RuleProgram`)."""
     started = time.perf_counter()
-    program = RuleProgram(user_rules, target_rules)
+    program = RuleProgram(user_rules, target_rules, numerics)
     egraph = program.egraph
     egraph.run_program(*egraph.parse_program(encoding.program, filename="<model>"))
     matches: dict[str, int] = {}

@@ -58,6 +58,10 @@ class Report:
     notes: list[str] = field(default_factory=list)  # e.g. user rules the strategy cannot fire
     saturation_iterations: list[dict[str, Any]] = field(default_factory=list)   # one
     # saturate.IterationRecord (as a dict) per iteration: rules matched, matches, e-nodes, seconds
+    numerics: str = "exact"               # the numerics mode (eqsat_fuse.numerics)
+    inexact_rules: dict[str, int] = field(default_factory=dict)   # rules tagged `:numerics fast`
+    # that fired (fast mode only), with their match counts: the e-graph extraction chose from
+    # held their rewrites (rules_in_program cannot tell a rule whose right side is a variable)
 
     def analysis_facts(self) -> set[str]:
         """Rules of the `analysis` ruleset: they derive facts (shapes, dtypes, fusability), and
@@ -125,6 +129,11 @@ class Report:
         if b.get("storage_dtype", "float32") != "float32":
             lines.append(f"storage       intermediates in {b['storage_dtype']}, computed in "
                          f"float32 (--storage-dtype sets it; the default is the target's storage_dtype)")
+        if self.numerics == "fast":
+            lines.append("numerics      fast (--fast-math): inexact rules fired: "
+                         + (", ".join(f"{name} x{count}" for name, count
+                                      in sorted(self.inexact_rules.items())) or "none")
+                         + "; NaN, infinities and signed zeros may differ from the model")
         if self.opaque_ops:
             lines.append(f"opaque        {', '.join(self.opaque_ops)} (run by onnx.reference)")
         lines += [f"note          {note}" for note in self.notes]

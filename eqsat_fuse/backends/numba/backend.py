@@ -195,9 +195,11 @@ class NumbaBackend:
 
     def __init__(self, plan: KernelPlan, constants: dict[str, np.ndarray],
                  layouts: dict[str, Layout], stored: dict[str, str],
-                 cache_dir: str | Path | None = None, threads: int | None = None):
+                 cache_dir: str | Path | None = None, threads: int | None = None,
+                 numerics: str = "exact"):
         from ...threads import resolve
         self.plan = plan
+        self.numerics = numerics             # the generated kernels' fast-math flags
         self.constants = constants
         self.layouts = layouts
         self.stored = stored

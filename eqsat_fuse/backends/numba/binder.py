@@ -35,7 +35,8 @@ class NumbaAdapter:
         storage = context.storage
         self.context = context
         self.backend = NumbaBackend(context.plan, context.constants, storage.layouts,
-                                    storage.stored, context.cache_dir, context.threads)
+                                    storage.stored, context.cache_dir, context.threads,
+                                    context.numerics)
 
     def prepare(self, kernel: Kernel) -> Impl | Unsupported:
         try:

@@ -39,7 +39,7 @@ class Emitter:
     def __init__(self, backend: "NumbaBackend", kernel: Kernel):
         self.backend = backend
         self.kernel = kernel
-        self.code = ModuleSource()
+        self.code = ModuleSource(backend.numerics)
         self.body = kernel.body
         self.dtypes = node_dtypes(kernel.body, backend.operand_dtype)
         self.out_dtype = kernel.info.dtype

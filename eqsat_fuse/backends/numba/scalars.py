@@ -154,7 +154,7 @@ def _cast_expr(node: BodyNode, a: str, dtypes: list[str]) -> str:
 def _pow_expr(a: str, args: list[str], y, lit: Callable[[float], str], y_dtype: str,
               T: str) -> str:
     """`a ** args[1]`; a constant exponent y of 1, 2, 3, 0.5 or -1 becomes products, a square
-    root or a reciprocal. An integer exponent is made a float of the base's type `T` first:
+    root (with pow's values at -inf and -0) or a reciprocal. An integer exponent is made a float of the base's type `T` first:
     Numba computes float ** int by repeated products and raises ZeroDivisionError for a zero
     base and a negative exponent, where `pow` (and ONNX) give +-inf."""
     if y is not None and np.size(y) == 1:
@@ -165,8 +165,8 @@ def _pow_expr(a: str, args: list[str], y, lit: Callable[[float], str], y_dtype: 
             return f"({a} * {a})"
         if y == 3.0:
             return f"({a} * {a} * {a})"
-        if y == 0.5:
-            return f"np.sqrt({a})"
+        if y == 0.5:     # pow(-inf, 0.5) is +inf and pow(-0, 0.5) +0, where sqrt gives NaN, -0
+            return f"(np.sqrt({a}) if {a} != -np.inf else np.inf) + {lit(0)}"
         if y == -1.0:
             return f"({lit(1)} / {a})"
     if np.dtype(y_dtype).kind in "iub":

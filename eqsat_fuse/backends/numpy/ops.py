@@ -72,9 +72,10 @@ def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 def relu(x):
-    """max(x, 0) elementwise (NaN propagates)."""
+    """max(x, 0) elementwise: 0 where x < 0, else x (NaN propagates, and -0 stays -0 as in
+    onnxruntime, where np.maximum(-0, 0) would give +0)."""
     x = np.asarray(x)
-    return np.maximum(x, np.zeros((), x.dtype))
+    return np.where(x < 0, np.zeros((), x.dtype), x)
 
 
 def leaky_relu(x, *, alpha):
@@ -182,7 +183,14 @@ def pow(x, y):  # noqa: A001 - ONNX name
     with np.errstate(all="ignore"):
         if _is_float(x.dtype):
             xw = _up(x)
-            return _down(np.power(xw, y.astype(xw.dtype, copy=False)), x.dtype)
+            yw = y.astype(xw.dtype, copy=False)
+            r = np.power(xw, yw)
+            half = yw == 0.5
+            if np.any(half):
+                # NumPy computes x ** 0.5 as sqrt(x), which C's pow (and ONNX runtimes) do
+                # not: pow(-inf, 0.5) is +inf and pow(-0, 0.5) is +0
+                r = np.where(half, np.where(xw == -np.inf, np.inf, np.abs(r)), r)
+            return _down(r, x.dtype)
         # integers: std::pow in double, then a truncating cast (onnxruntime)
         r = np.power(x.astype(np.float64), y.astype(np.float64))
         return np.trunc(r).astype(x.dtype)
