@@ -265,7 +265,8 @@ def _print_timings(args, compiled, feeds) -> None:
 def cmd_verify(args) -> int:
     compiled = _compile(args, args.model)
     feeds = _load_feeds(args.inputs) if args.inputs else None
-    result = compiled.verify(feeds, against=args.against, seed=args.seed)
+    result = compiled.verify(feeds, against=args.against, seed=args.seed, rtol=args.rtol,
+                             atol=args.atol, tolerances=dict(args.tol) or None)
     if args.json:
         print(json.dumps({"ok": result.ok, "against": result.against,
                           "storage_dtype": result.storage_dtype, "note": result.note,
@@ -273,6 +274,17 @@ def cmd_verify(args) -> int:
     else:
         print(result.summary())
     return 0 if result.ok else 1
+
+
+def _tolerance(text: str) -> tuple[str, tuple[float, float]]:
+    name, sep, values = text.rpartition("=")
+    rtol, comma, atol = values.partition(",")
+    try:
+        if not (sep and name and comma):
+            raise ValueError
+        return name, (float(rtol), float(atol))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=RTOL,ATOL, got {text!r}") from None
 
 
 def cmd_rules_check(args) -> int:
@@ -382,12 +394,25 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
     verify = sub.add_parser("verify", help="check the compiled model against the original",
                             description="Compile MODEL, run it and the original (onnxruntime or "
                                         "onnx.reference) on the same inputs, compare outputs "
-                                        "with per-dtype tolerances. Exits 1 on a mismatch.")
+                                        "with per-dtype tolerances (indices of ArgMax, ArgMin "
+                                        "and TopK tie-aware) and say per output why it passed "
+                                        "or failed. Exits 1 on a mismatch.")
     verify.add_argument("model", help="the ONNX file")
     verify.add_argument("--against", choices=["ort", "reference"], default="ort",
                         help="the oracle (default: onnxruntime)")
     verify.add_argument("--inputs", metavar="FEEDS.npz", help="inputs (default: random, seeded)")
     verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    verify.add_argument("--rtol", type=float, metavar="R",
+                        help="relative tolerance of every float output (default by dtype: "
+                             "float32 1e-3, float64 1e-7, float16 1e-2)")
+    verify.add_argument("--atol", type=float, metavar="A",
+                        help="absolute tolerance of every float output (default by dtype: "
+                             "float32 1e-4, float64 1e-9, float16 1e-2)")
+    verify.add_argument("--tol", action="append", type=_tolerance, default=[],
+                        metavar="NAME=RTOL,ATOL",
+                        help="the tolerance of one output, integer ones too (repeat the flag "
+                             "for more); an element passes when |got - want| <= ATOL + RTOL x "
+                             "|want|")
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_compile_options(verify)
     verify.set_defaults(func=cmd_verify)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from .checking.verify import VerifyResult, compare, oracle_outputs, random_feeds
+from .checking.verify import VerifyResult, random_feeds, verify_program
 from .errors import EqsatFuseError
 from .extraction.cost import roots_of
 from .extraction.costmodel import load_cost_model
@@ -83,12 +83,17 @@ class Compiled:
         return self.program.run(feeds, out=out)
 
     def verify(self, feeds: dict[str, Any] | None = None, against: str = "ort",
-               seed: int = 0) -> VerifyResult:
-        """Compare with the original model run by onnxruntime (or onnx.reference)."""
+               seed: int = 0, rtol: float | None = None, atol: float | None = None,
+               tolerances: dict[str, tuple[float, float]] | None = None) -> VerifyResult:
+        """Compare with the original model run by onnxruntime (or onnx.reference).
+
+        `rtol` / `atol` replace the per-dtype tolerances of every float output; `tolerances`
+        {output name: (rtol, atol)} sets them per output (integer outputs too). The indices of
+        ArgMax, ArgMin and TopK are compared tie-aware (see `checking.verify`)."""
         feeds = random_feeds(self.plan.inputs, seed) if feeds is None else feeds
-        expected, oracle = oracle_outputs(self._source, feeds, against)
-        return compare(self.run(feeds), expected, oracle,
-                       storage_dtype=self.program.storage_dtype)
+        return verify_program(self._source, self.plan, self.run, feeds, against,
+                              self.program.storage_dtype, rtol=rtol, atol=atol,
+                              tolerances=tolerances)
 
     def to_onnx(self, path: str | Path | None = None, force: bool = False,
                 opset: int | None = None, inline: bool = False) -> onnx.ModelProto:
