@@ -2,7 +2,10 @@
 Numba with no rule run, NumPy fused). Medians, ratios to ORT_ENABLE_ALL in the same run,
 geometric means per family.
 
-    .venv/bin/python bench/models.py [--threads N] [MODEL ...]
+    .venv/bin/python bench/models.py [--threads N] [--fast-math] [MODEL ...]
+
+`--fast-math` also times the Numba program compiled with numerics="fast" (docs/numerics.md)
+beside the default exact one: the `fast` column and `exact/fast`, the cost of exact mode.
 
 MODEL is an .onnx file or a builtin of bench/_common.py (encoder-base, cnn-resnet56,
 elementwise-4M). Default: every test model and the builtins.
@@ -18,6 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import set_threads  # noqa: E402
 
 THREADS = set_threads(sys.argv)
+FAST = "--fast-math" in sys.argv
+if FAST:
+    sys.argv.remove("--fast-math")
 
 import numpy as np  # noqa: E402
 
@@ -36,11 +42,12 @@ def main(names: list[str]) -> None:
           "ratio = time / ORT_ENABLE_ALL (lower is better)")
     head = (f"{'model':28s} {'family':11s} {'ORT all':>9s} {'ORT none':>9s} {'numba':>9s} "
             f"{'numba-nofuse':>12s} {'numpy':>9s} | {'x ORT':>6s} {'nofuse/fused':>12s} "
-            f"{'numpy x ORT':>11s}")
+            f"{'numpy x ORT':>11s}" + (f" {'fast':>9s} {'exact/fast':>10s}" if FAST else ""))
     print(head)
     print("-" * len(head))
     ratios: dict[str, list[float]] = {}
     fusion: dict[str, list[float]] = {}
+    exactness: dict[str, list[float]] = {}
     for name in names:
         model = load_model(name)
         label = os.path.basename(name).removesuffix(".onnx")
@@ -48,6 +55,7 @@ def main(names: list[str]) -> None:
         fused = ef.compile(model, backend="numba")
         unfused = ef.compile(model, backend="numba", budgets=ef.Budgets(iterations=0))
         numpy_fused = ef.compile(model, backend="numpy")
+        fast = ef.compile(model, backend="numba", numerics="fast") if FAST else None
         feeds = random_feeds(fused.plan.inputs, 0)
         check = fused.verify(feeds)
         if not check.ok:
@@ -65,12 +73,15 @@ def main(names: list[str]) -> None:
         ort_all = ort_session(model, THREADS, True)
         ort_none = ort_session(model, THREADS, False)
         # round-robin: each round runs every variant once, so machine load hits all alike
-        t = measure({
+        variants = {
             "ort_all": lambda: ort_all.run(None, feeds),
             "ort_none": lambda: ort_none.run(None, feeds),
             "numba": lambda: fused.run(feeds),
             "nofuse": lambda: unfused.run(feeds),
-        }, block=block_size(THREADS))
+        }
+        if fast is not None:
+            variants["fast"] = lambda: fast.run(feeds)
+        t = measure(variants, block=block_size(THREADS))
         t["numpy"] = median_seconds(lambda: numpy_fused.run(feeds), repeat=5, min_time=0.1)
         r = t["numba"] / t["ort_all"]
         ratios.setdefault(family, []).append(r)
@@ -78,13 +89,17 @@ def main(names: list[str]) -> None:
         ms = {k: v * 1e3 for k, v in t.items()}
         print(f"{label:28s} {family:11s} {ms['ort_all']:8.3f}m {ms['ort_none']:8.3f}m "
               f"{ms['numba']:8.3f}m {ms['nofuse']:11.3f}m {ms['numpy']:8.3f}m | {r:6.2f} "
-              f"{t['nofuse'] / t['numba']:12.2f} {t['numpy'] / t['ort_all']:11.2f}")
+              f"{t['nofuse'] / t['numba']:12.2f} {t['numpy'] / t['ort_all']:11.2f}"
+              + (f" {ms['fast']:8.3f}m {t['numba'] / t['fast']:10.2f}" if FAST else ""))
+        if FAST:
+            exactness.setdefault(family, []).append(t["numba"] / t["fast"])
         sys.stdout.flush()
     print()
     print("geometric means per family (numba fused / ORT_ENABLE_ALL; numba no-rules / fused):")
     for family in sorted(ratios):
         print(f"  {family:12s} x ORT {geomean(ratios[family]):5.2f}   fusion speed-up "
-              f"{geomean(fusion[family]):5.2f}   ({len(ratios[family])} models)")
+              f"{geomean(fusion[family]):5.2f}   ({len(ratios[family])} models)"
+              + (f"   exact/fast {geomean(exactness[family]):5.2f}" if FAST else ""))
 
 
 if __name__ == "__main__":
