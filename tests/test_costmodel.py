@@ -182,3 +182,17 @@ def test_a_rule_file_the_cost_file_cannot_find_is_named_at_its_line(tmp_path):
 def _double_neg_model():
     nodes = [helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Neg", ["n"], ["y"])]
     return make_model(nodes, [("x", [2, 3])], [("y", [2, 3])])
+
+
+def test_a_pooling_window_larger_than_its_input_costs_what_it_reads():
+    """HF EfficientNet's pooler: AveragePool with a 640x640 window over a 3x3 input reads 9
+    cells per output, and is predicted as cheap as a GlobalAveragePool, not 262 MFLOP."""
+    def pooled(kernel):
+        node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=kernel,
+                                pads=[0, 0, kernel[0] - 3, kernel[1] - 3], ceil_mode=1)
+        model = make_model([node], [("x", [1, 640, 3, 3])], [("y", [1, 640, 1, 1])])
+        return ef.compile(model).report.kernels[0]
+
+    huge, exact = pooled([640, 640]), pooled([3, 3])
+    assert huge.flops == exact.flops == 640 * 9
+    assert huge.predicted_us == pytest.approx(exact.predicted_us)

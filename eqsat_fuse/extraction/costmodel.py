@@ -229,7 +229,11 @@ def node_flops(model: CostModel, op: str, attrs: tuple, out_shape: tuple[int, ..
     if kind == "reduction":
         size = float(math.prod(first)) if first is not None else out
         if op in ("MaxPool", "AveragePool"):
-            return out * math.prod(attrs[0])
+            # a window reads at most the input's extent along each axis (HF EfficientNet's
+            # pooler has a 640x640 window on a 3x3 input: 9 taps, not 409,600)
+            kernel = tuple(attrs[0])
+            spatial = tuple(first[-len(kernel):]) if first is not None and kernel else kernel
+            return out * math.prod(min(k, d) for k, d in zip(kernel, spatial))
         if op == "LRN":
             return size * attrs[0]
         return size * model.element_flops(op)
