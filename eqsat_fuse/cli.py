@@ -323,11 +323,15 @@ def cmd_compare(args) -> int:
     rows = compare(args.models, args.output, strategies=args.strategies or list(STRATEGIES),
                    targets=args.targets, rule_sets=rule_sets, jobs=args.jobs,
                    scheduler=args.scheduler, backend=args.backend, repeats=args.repeats,
-                   seed=args.seed, ilp_seconds=args.ilp_seconds,
+                   seed=args.seed, ilp_seconds=args.ilp_seconds, threads=args.threads,
+                   spread_limit=args.spread_limit,
                    progress=None if args.quiet else print_progress)
-    failed = [r for r in rows if r["status"] != "ok" or not r.get("verified", True)]
-    print(f"{len(rows)} cells -> {args.output}/results.csv, results.md, plots/"
-          + (f"; {len(failed)} failed or did not verify" if failed else ""))
+    failed = [r for r in rows if r["status"] != "ok" or r.get("verified") is False]
+    noisy = sum(bool(r.get("noisy")) for r in rows)
+    print(f"{len(rows)} cells -> {args.output}/results.csv, results.md, metadata.json, plots/"
+          + (f"; {len(failed)} failed or did not verify" if failed else "")
+          + (f"; {noisy} measured with an IQR above {args.spread_limit:.0%} of the median"
+             if noisy else ""))
     return 1 if failed else 0
 
 
@@ -475,8 +479,10 @@ def _add_compare_command(sub: argparse._SubParsersAction) -> None:
     compare = sub.add_parser(
         "compare", help="sweep models x strategies x targets x rule sets into a results folder",
         description="Compile every cell of MODEL... x strategies x targets x rule sets, verify it "
-                    "against onnxruntime, time it on this machine, and write DIR/results.csv, "
-                    "DIR/results.md and DIR/plots/. Cells already in DIR are skipped, so an "
+                    "against onnxruntime, time it on this machine (the cpu target; other "
+                    "targets show their predicted cost only) beside onnxruntime, and write "
+                    "DIR/results.csv, DIR/results.md, DIR/metadata.json and DIR/plots/. Cells "
+                    "already in DIR are skipped, so an "
                     "interrupted sweep resumes. Strategies: none (the model as written), passes "
                     "(the rules as a fixed-order pass pipeline), eqsat-tree, eqsat-greedy, "
                     "eqsat-ilp (equality saturation with that extractor).")
@@ -494,7 +500,15 @@ def _add_compare_command(sub: argparse._SubParsersAction) -> None:
                          help="run the cells on this Dask distributed scheduler")
     compare.add_argument("--backend", default="numpy", choices=list(BACKENDS),
                          help="backend to time (default numpy)")
-    compare.add_argument("--repeats", type=int, default=10, help="timed runs per cell (median)")
+    compare.add_argument("--repeats", type=int, default=10,
+                         help="timed runs per measured cell, after 2 warm-up runs (default 10): "
+                              "median, IQR and a bootstrap 95%% interval of the median")
+    compare.add_argument("--spread-limit", type=float, default=0.10, metavar="F",
+                         help="warn about a cell whose IQR is above F x its median (default "
+                              "0.10)")
+    compare.add_argument("--threads", type=int, default=None, metavar="N",
+                         help="threads of the compiled programs and of onnxruntime (default: "
+                              "the cores this process may use)")
     compare.add_argument("--seed", type=int, default=0, help="seed of the inputs")
     compare.add_argument("--ilp-seconds", type=float, default=30.0,
                          help="time limit of the ILP extractor per cell")

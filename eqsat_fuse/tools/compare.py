@@ -3,12 +3,21 @@
     eqsat-fuse compare resnet.onnx bert.onnx -o results/ --targets cpu edge-npu gpu
 
 Every cell of models x strategies x targets x rule sets is compiled, verified against
-onnxruntime, run on this machine, and written to `DIR/cells/<cell>.json` as soon as it is done,
-so an interrupted sweep resumes where it stopped (cells already in DIR are skipped). At the end
-`DIR/results.csv`, `DIR/results.md` and plots in `DIR/plots/` are written from every cell in DIR
-that the sweep asked for. Cells run one by one, on local processes (`jobs`), or on a Dask
-distributed cluster (`scheduler` address). Inputs come from a fixed seed; the table is sorted,
-so two sweeps of the same cells write the same rows (measured times aside).
+onnxruntime and written to `DIR/cells/<cell>.json` as soon as it is done, so an interrupted
+sweep resumes where it stopped (cells already in DIR are skipped). A cell whose target is this
+machine (`measures_here`: the `cpu` target or a cost file calibrated on this host) is also
+timed as a block of warm-up and `repeats` timed runs (`compare_stats`: median, IQR, bootstrap
+interval of the median, a warning when the spread is large); a cell of any other target shows
+its predicted cost only, since this CPU says nothing about a GPU's latency. Each model also gets
+onnxruntime rows (ENABLE_ALL and DISABLE_ALL, `BASELINES`) timed the same way, each in its own
+session and block, and every measured row a speedup against ENABLE_ALL.
+
+At the end `DIR/results.csv`, `DIR/results.md`, `DIR/metadata.json` (versions, CPU, threads,
+load average, seed, the project's commit) and the plots in `DIR/plots/` (`compare_plots`) are
+written from every cell in DIR that the sweep asked for. Cells run one by one, on local
+processes (`jobs`), or on a Dask distributed cluster (`scheduler` address). Inputs come from a
+fixed seed; the table is sorted, so two sweeps of the same cells write the same rows (measured
+times aside).
 
 Strategies:
 - ``none``: no rewriting at all: the model as written, one kernel per node.
@@ -21,20 +30,21 @@ Strategies:
 from __future__ import annotations
 
 import csv
+import datetime
 import hashlib
 import json
-import math
 import os
+import platform
 import re
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import numpy as np
-
 from ..errors import EqsatFuseError
+from . import compare_stats as stats
 
 STRATEGIES: dict[str, dict[str, Any]] = {
     "none": {"strategy": "eqsat", "extractor": "greedy-dag", "iterations": 0},
@@ -43,16 +53,23 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "eqsat-greedy": {"strategy": "eqsat", "extractor": "greedy-dag"},
     "eqsat-ilp": {"strategy": "eqsat", "extractor": "ilp"},
 }
+# onnxruntime as a baseline, one row per model and level, timed on this machine like the cells
+BASELINES = {"ort-enable-all": "ORT_ENABLE_ALL", "ort-disable-all": "ORT_DISABLE_ALL"}
+BASELINE_TARGET, BASELINE_RULES = "cpu", "-"
+SPEEDUP_BASE = "ort-enable-all"
 STAGES = ("import", "encode", "saturate", "extract", "decode", "lower")
-COLUMNS = ["model", "strategy", "target", "rules", "status", "kernels", "views", "predicted_us",
-           "predicted_energy_uj", "measured_ms", "bytes_moved", "peak_bytes",
-           "lower_bound_bytes", "egraph_nodes", "stop_reason", "iterations", "verified",
-           "max_abs_diff", *[f"t_{s}" for s in STAGES], "t_compile", "error"]
+TIMING = ["measured_ms", "measured_p25_ms", "measured_p75_ms", "measured_iqr_ms",
+          "measured_ci_low_ms", "measured_ci_high_ms", "runs"]
+COLUMNS = ["model", "strategy", "target", "rules", "status", "latency", "kernels", "views",
+           "predicted_us", "predicted_energy_uj", *TIMING, "noisy", "speedup_vs_ort", "threads",
+           "bytes_moved", "peak_bytes", "lower_bound_bytes", "egraph_nodes", "stop_reason",
+           "iterations", "verified", "max_abs_diff", *[f"t_{s}" for s in STAGES], "t_compile",
+           "error"]
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One point of the sweep."""
+    """One point of the sweep (a baseline's strategy is a key of `BASELINES`)."""
 
     model: str              # path of the ONNX file
     strategy: str
@@ -68,14 +85,28 @@ class Cell:
         return f"{stem}-{digest}__{self.strategy}__{self.target}__{rules}"
 
 
+def measures_here(target: str) -> bool:
+    """Whether `target` describes this machine, so that its cells are timed here: the shipped
+    `cpu` target, or a cost file that `eqsat-fuse calibrate` wrote on this host (its [target]
+    name ends in "@<host>"). Any other target's cells show their predicted cost only."""
+    from ..extraction.costmodel import load_cost_model
+    from .calibrate import target_name
+
+    name = load_cost_model(target).target
+    return name == "cpu" or name.endswith("@" + target_name(None).partition("@")[2])
+
+
 def run_cell(cell: dict, rule_files: list[str], backend: str = "numpy", repeats: int = 10,
-             seed: int = 0, ilp_seconds: float = 30.0) -> dict:
-    """Compile, verify and time one cell; a row of results (errors are recorded, not raised)."""
+             seed: int = 0, ilp_seconds: float = 30.0, threads: int | None = None) -> dict:
+    """Compile, verify and (on this machine's target) time one cell; a row of results
+    (errors are recorded, not raised). A baseline cell times onnxruntime instead."""
+    cell = Cell(**cell)
+    if cell.strategy in BASELINES:
+        return _run_baseline(cell, repeats, seed, threads)
+    from ..checking.verify import random_feeds
     from ..pipeline import compile as compile_model
     from ..saturation.saturate import Budgets
-    from ..checking.verify import random_feeds
 
-    cell = Cell(**cell)
     row: dict[str, Any] = {"model": Path(cell.model).name, "strategy": cell.strategy,
                            "target": cell.target, "rules": cell.rules}
     spec = STRATEGIES[cell.strategy]
@@ -85,29 +116,27 @@ def run_cell(cell: dict, rule_files: list[str], backend: str = "numpy", repeats:
         extra = {"ilp_seconds": ilp_seconds} if spec["extractor"] == "ilp" else {}
         compiled = compile_model(cell.model, target=cell.target, backend=backend,
                                  extractor=spec["extractor"], rules=rule_files or None,
-                                 budgets=budgets, strategy=spec["strategy"], **extra)
+                                 budgets=budgets, strategy=spec["strategy"], threads=threads,
+                                 **extra)
         compile_seconds = time.perf_counter() - started
         feeds = random_feeds(compiled.plan.inputs, seed)
         result = compiled.verify(feeds)
-        times = []
-        compiled.run(feeds)                                   # warm-up
-        for _ in range(repeats):
-            start = time.perf_counter()
-            compiled.run(feeds)
-            times.append(time.perf_counter() - start)
+        measured = measures_here(cell.target)
+        times = stats.time_block(lambda: compiled.run(feeds), repeats) if measured else []
     except EqsatFuseError as exc:
         row.update(status="error", error=str(exc))
         return row
     report = compiled.report
     row.update(
-        status="ok", error="", kernels=report.kernels_out, views=report.views,
-        predicted_us=round(report.cost, 3),
+        status="ok", error="", latency="measured" if measured else "predicted",
+        kernels=report.kernels_out, views=report.views, predicted_us=round(report.cost, 3),
         predicted_energy_uj=(round(report.energy_uj, 3)
                              if getattr(report, "energy_uj", None) is not None else None),
-        measured_ms=round(float(np.median(times)) * 1e3, 4),
+        **(stats.spread(times) if measured else {}), times_ms=[round(t, 5) for t in times],
+        threads=compiled.program.threads,
         bytes_moved=int(sum(k.read_bytes + k.write_bytes for k in report.kernels)),
         peak_bytes=report.peak_bytes, lower_bound_bytes=report.lower_bound_bytes,
-        egraph_nodes=report.egraph_nodes, stop_reason=report.stop_reason,
+        egraph_nodes=report.egraph_nodes, stop_reason=str(report.stop_reason),
         iterations=report.iterations, verified=result.ok,
         max_abs_diff=max((o.max_abs_diff for o in result.outputs), default=0.0),
         t_compile=round(compile_seconds, 4), notes=list(report.notes),
@@ -115,9 +144,55 @@ def run_cell(cell: dict, rule_files: list[str], backend: str = "numpy", repeats:
     return row
 
 
+def _run_baseline(cell: Cell, repeats: int, seed: int, threads: int | None) -> dict:
+    """onnxruntime at one optimization level, on `threads` intra-op threads (the compiled
+    programs' default count), timed as a block like a compiled cell and verified against the
+    model as written. The session is closed before the next cell, so its spinning thread pool
+    does not run beside another runtime."""
+    import onnx
+    import onnxruntime as ort
+
+    from ..checking.verify import compare as compare_outputs, oracle_outputs, random_feeds
+    from ..frontend.importer import import_model
+    from ..threads import resolve
+
+    row: dict[str, Any] = {"model": Path(cell.model).name, "strategy": cell.strategy,
+                           "target": cell.target, "rules": cell.rules}
+    try:
+        graph = import_model(cell.model)
+        feeds = random_feeds({name: graph.values[name] for name in graph.inputs}, seed)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                                   BASELINES[cell.strategy])
+        options.intra_op_num_threads = resolve(threads)
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        started = time.perf_counter()
+        session = ort.InferenceSession(cell.model, options, providers=["CPUExecutionProvider"])
+        compile_seconds = time.perf_counter() - started
+        outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        times = stats.time_block(lambda: session.run(None, feeds), repeats)
+        del session
+        expected, oracle = oracle_outputs(onnx.load(cell.model), feeds)
+        result = compare_outputs(outputs, expected, oracle)
+    except EqsatFuseError as exc:
+        row.update(status="error", error=str(exc))
+        return row
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors: recorded in the row
+        row.update(status="error", error=f"onnxruntime: {exc}".splitlines()[0])
+        return row
+    row.update(status="ok", error="", latency="measured", **stats.spread(times),
+               times_ms=[round(t, 5) for t in times], threads=resolve(threads),
+               verified=result.ok,
+               max_abs_diff=max((o.max_abs_diff for o in result.outputs), default=0.0),
+               t_compile=round(compile_seconds, 4))
+    return row
+
+
 def plan_cells(models: Iterable[str], strategies: Iterable[str], targets: Iterable[str],
-               rule_sets: dict[str, list[str]]) -> list[Cell]:
-    """Every cell of the sweep, checking names first (a typo fails before any work)."""
+               rule_sets: dict[str, list[str]], baselines: bool = True) -> list[Cell]:
+    """Every cell of the sweep, checking names first (a typo fails before any work); with
+    `baselines`, the onnxruntime cells of each model after its own."""
     from ..extraction.costmodel import load_cost_model
 
     strategies, targets = list(strategies), list(targets)
@@ -135,6 +210,8 @@ def plan_cells(models: Iterable[str], strategies: Iterable[str], targets: Iterab
             for target in targets:
                 for rules in rule_sets:
                     cells.append(Cell(str(model), strategy, target, rules))
+        if baselines:
+            cells += [Cell(str(model), b, BASELINE_TARGET, BASELINE_RULES) for b in BASELINES]
     return cells
 
 
@@ -142,38 +219,87 @@ def compare(models: Iterable[str], out_dir: str | Path, strategies: Iterable[str
             targets: Iterable[str] = ("cpu",), rule_sets: dict[str, list[str]] | None = None,
             jobs: int = 1, scheduler: str | None = None, backend: str = "numpy",
             repeats: int = 10, seed: int = 0, ilp_seconds: float = 30.0,
+            threads: int | None = None, spread_limit: float = stats.SPREAD_LIMIT,
             progress: Callable[[str], None] | None = None) -> list[dict]:
-    """Run the sweep into `out_dir` (resuming), then write the CSV, the table and the plots."""
+    """Run the sweep into `out_dir` (resuming), then write the CSV, the table, the plots and
+    `metadata.json`. Rows whose IQR exceeds `spread_limit` x their median are marked noisy."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise EqsatFuseError(f"repeats must be a whole number >= 1, got {repeats!r}")
+    if not 0 < spread_limit:
+        raise EqsatFuseError(f"the spread limit must be a fraction > 0, got {spread_limit!r}")
+    say = progress or (lambda _message: None)
     rule_sets = rule_sets or {"shipped": []}
-    cells = plan_cells(models, strategies, targets, rule_sets)
+    baselines = _onnxruntime_version() is not None
+    if not baselines:
+        say("onnxruntime is not installed: no onnxruntime rows (pip install onnxruntime)")
+    cells = plan_cells(models, strategies, targets, rule_sets, baselines)
     out = Path(out_dir)
     (out / "cells").mkdir(parents=True, exist_ok=True)
+    started = _now_and_load()
     pending = [c for c in cells if not (out / "cells" / f"{c.key}.json").exists()]
-    say = progress or (lambda _message: None)
     say(f"{len(cells)} cells, {len(cells) - len(pending)} already in {out}, {len(pending)} to run")
-    options = dict(backend=backend, repeats=repeats, seed=seed, ilp_seconds=ilp_seconds)
+    options = dict(backend=backend, repeats=repeats, seed=seed, ilp_seconds=ilp_seconds,
+                   threads=threads)
     done = len(cells) - len(pending)
     for cell, row in _execute(pending, rule_sets, options, jobs, scheduler):
         _write_json(out / "cells" / f"{cell.key}.json", {"cell": asdict(cell), "row": row})
         done += 1
         say(f"[{done}/{len(cells)}] {row['model']} {cell.strategy} {cell.target} {cell.rules}: "
-            + (f"{row['kernels']} kernels, {row['predicted_us']:.1f} us predicted, "
-               f"{row['measured_ms']:.3f} ms measured" if row["status"] == "ok"
-               else f"error: {row['error']}"))
+            + _progress_line(row))
         for note in row.get("notes", []):
             say(f"    note: {note}")
+        if _noisy(row, spread_limit):
+            say(f"    warning: the IQR is {stats.relative_spread(row):.0%} of the median "
+                f"(limit {spread_limit:.0%}): the machine is busy or the runs too short; "
+                f"rerun on a quiet machine or with more --repeats")
     rows = [json.loads((out / "cells" / f"{c.key}.json").read_text())["row"] for c in cells]
-    rows.sort(key=lambda r: (r["model"], r["target"], r["rules"],
-                             list(STRATEGIES).index(r["strategy"])))
-    write_tables(rows, out)
+    order = list(STRATEGIES) + list(BASELINES)
+    rows.sort(key=lambda r: (r["model"], r["target"], r["strategy"] in BASELINES, r["rules"],
+                             order.index(r["strategy"])))
+    _add_speedups(rows)
+    for row in rows:
+        row["noisy"] = _noisy(row, spread_limit) if row.get("measured_ms") is not None else None
+    from .compare_plots import write_plots
+
+    write_tables(rows, out, spread_limit)
     write_plots(rows, out / "plots")
+    _write_json(out / "metadata.json", metadata(
+        started, _now_and_load(), seed=seed, repeats=repeats, backend=backend, threads=threads,
+        spread_limit=spread_limit, cells=len(cells), cells_run=len(pending)))
     return rows
+
+
+def _progress_line(row: dict) -> str:
+    if row["status"] != "ok":
+        return f"error: {row['error']}"
+    measured = (f"{row['measured_ms']:.3f} ms measured (IQR {row['measured_iqr_ms']:.3f} ms, "
+                f"{row['runs']} runs)" if row.get("measured_ms") is not None
+                else "predicted only (not this machine)")
+    if row["strategy"] in BASELINES:
+        return f"onnxruntime {BASELINES[row['strategy']]}, {measured}"
+    return f"{row['kernels']} kernels, {row['predicted_us']:.1f} us predicted, {measured}"
+
+
+def _noisy(row: dict, spread_limit: float) -> bool:
+    relative = stats.relative_spread(row)
+    return relative is not None and relative > spread_limit
+
+
+def _add_speedups(rows: list[dict]) -> None:
+    """speedup_vs_ort: onnxruntime ENABLE_ALL's median / the row's median, same model (> 1 is
+    faster than onnxruntime); measured rows only."""
+    base = {r["model"]: r["measured_ms"] for r in rows
+            if r["strategy"] == SPEEDUP_BASE and r.get("measured_ms")}
+    for row in rows:
+        if row.get("measured_ms") and row["model"] in base:
+            row["speedup_vs_ort"] = round(base[row["model"]] / row["measured_ms"], 3)
 
 
 def _execute(cells: list[Cell], rule_sets, options, jobs: int, scheduler: str | None):
     """Yield (cell, row) as cells finish: serially, on local processes, or on Dask."""
     if not cells:
         return
+    files = {c: rule_sets.get(c.rules, []) for c in cells}      # baselines load no rules
     if scheduler:
         try:
             from distributed import Client, as_completed
@@ -181,21 +307,20 @@ def _execute(cells: list[Cell], rule_sets, options, jobs: int, scheduler: str | 
             raise EqsatFuseError("a Dask scheduler was given but dask.distributed is not "
                                  "installed: pip install 'eqsat-fuse[cluster]'") from None
         with Client(scheduler) as client:
-            futures = {client.submit(run_cell, asdict(c), rule_sets[c.rules], pure=False,
+            futures = {client.submit(run_cell, asdict(c), files[c], pure=False,
                                      **options): c for c in cells}
             for future in as_completed(futures):
                 yield futures[future], future.result()
         return
     if jobs <= 1:
         for cell in cells:
-            yield cell, run_cell(asdict(cell), rule_sets[cell.rules], **options)
+            yield cell, run_cell(asdict(cell), files[cell], **options)
         return
     import concurrent.futures as cf
     import multiprocessing
 
     with cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(run_cell, asdict(c), rule_sets[c.rules], **options): c
-                   for c in cells}
+        futures = {pool.submit(run_cell, asdict(c), files[c], **options): c for c in cells}
         for future in cf.as_completed(futures):
             yield futures[future], future.result()
 
@@ -206,99 +331,145 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(temp, path)
 
 
-def write_tables(rows: list[dict], out: Path) -> None:
-    """results.csv (every column) and results.md (the columns people compare)."""
+# ---- what was measured, where ------------------------------------------------------------------
+
+def _now_and_load() -> dict:
+    return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "load_average": [round(v, 2) for v in os.getloadavg()]}
+
+
+def _onnxruntime_version() -> str | None:
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return onnxruntime.__version__
+
+
+def _version(package: str) -> str:
+    from importlib import metadata as importlib_metadata
+
+    try:
+        return importlib_metadata.version(package)
+    except importlib_metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _git_commit() -> tuple[str, bool | None]:
+    """The project's commit and whether its tracked files differ from it; ("unknown", None)
+    outside a git checkout (an installed wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return "unknown", None
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True,
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"], check=True, capture_output=True,
+                               text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+    return commit, bool(dirty)
+
+
+def metadata(started: dict, finished: dict, **settings) -> dict:
+    """What a reader of the results needs to reproduce or judge them: versions, the CPU, the
+    thread count, the load average when the sweep started and ended, the seed and settings,
+    and the project's git commit."""
+    from .. import __version__
+    from ..threads import available_cores, resolve
+
+    commit, dirty = _git_commit()
+    return {
+        "versions": {"eqsat-fuse": __version__, "egglog": _version("egglog"),
+                     "numba": _version("numba"), "numpy": _version("numpy"),
+                     "onnxruntime": _onnxruntime_version() or "not installed",
+                     "onnx": _version("onnx"), "python": platform.python_version()},
+        "cpu": _cpu_model(), "platform": platform.platform(), "cores": os.cpu_count(),
+        "cores_available": available_cores(), "threads": resolve(settings.pop("threads")),
+        "load_average_start": started["load_average"],
+        "load_average_end": finished["load_average"],
+        "started": started["time"], "finished": finished["time"],
+        "git_commit": commit, "git_dirty": dirty,
+        "warmup_runs": stats.WARMUP_RUNS, "bootstrap_resamples": stats.BOOTSTRAP_RESAMPLES,
+        **settings}
+
+
+# ---- the tables --------------------------------------------------------------------------------
+
+def write_tables(rows: list[dict], out: Path, spread_limit: float = stats.SPREAD_LIMIT) -> None:
+    """results.csv (every column) and results.md (the columns people compare, then the noisy
+    cells and Spearman's rho of the cost model per measured target)."""
     with open(out / "results.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: row.get(k, "") for k in COLUMNS})
-    shown = ["model", "target", "rules", "strategy", "kernels", "predicted_us", "measured_ms",
-             "bytes_moved", "peak_bytes", "egraph_nodes", "stop_reason", "t_compile",
-             "verified"]
-    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in COLUMNS})
+    header = ["model", "target", "rules", "strategy", "kernels", "predicted_us",
+              "measured_ms (median)", "IQR ms", "median 95% CI ms", "vs ORT", "bytes_moved",
+              "peak_bytes", "egraph_nodes", "stop_reason", "t_compile", "verified"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = []
-        for key in shown:
-            value = row.get(key, "")
-            if row["status"] != "ok" and key == "kernels":
-                value = f"error: {row['error'][:60]}"
-            cells.append(_fmt(value))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_table_cells(row)) + " |")
+    lines += _table_notes(rows, spread_limit)
     (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _table_cells(row: dict) -> list[str]:
+    error = row["status"] != "ok"
+    measured = row.get("measured_ms") is not None
+    if measured:
+        timing = [_fmt(row["measured_ms"]) + (" (noisy)" if row.get("noisy") else ""),
+                  _fmt(row["measured_iqr_ms"]),
+                  f"{_fmt(row['measured_ci_low_ms'])}-{_fmt(row['measured_ci_high_ms'])}",
+                  _fmt(row.get("speedup_vs_ort"))]
+    else:
+        timing = ["predicted only" if not error else "", "", "", ""]
+    strategy = (f"onnxruntime {BASELINES[row['strategy']]}" if row["strategy"] in BASELINES
+                else row["strategy"])
+    kernels = f"error: {row['error'][:60]}" if error else _fmt(row.get("kernels"))
+    return [_fmt(row["model"]), _fmt(row["target"]), _fmt(row["rules"]), strategy, kernels,
+            _fmt(row.get("predicted_us")), *timing,
+            *[_fmt(row.get(k)) for k in ("bytes_moved", "peak_bytes", "egraph_nodes",
+                                        "stop_reason", "t_compile", "verified")]]
+
+
+def _table_notes(rows: list[dict], spread_limit: float) -> list[str]:
+    notes = ["", "measured_ms is the median of the timed runs on this machine (IQR: p75 - p25; "
+             "CI: bootstrap 95% interval of the median); \"vs ORT\" is onnxruntime ENABLE_ALL's "
+             "median over the row's (> 1: faster). Targets other than this machine show "
+             "\"predicted only\": their cost is the cost model's, not a measurement."]
+    noisy = [r for r in rows if r.get("noisy")]
+    if noisy:
+        notes.append("")
+        notes.append(f"Warning: {len(noisy)} measured cells have an IQR above "
+                     f"{spread_limit:.0%} of their median (marked noisy); their medians may "
+                     f"not reproduce:")
+        notes += [f"- {r['model']} {r['strategy']} {r['target']} {r['rules']}: IQR "
+                  f"{stats.relative_spread(r):.0%} of the median" for r in noisy]
+    for target, points in sorted(stats.prediction_points(rows).items()):
+        rho = stats.spearman([(p, m) for p, m, _ in points])
+        notes.append("")
+        notes.append(f"Spearman's rho of predicted against measured, target {target}: "
+                     + (f"{rho:.3f}" if rho is not None else "undefined")
+                     + f" over {len(points)} cells")
+    return notes
 
 
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return "" if value is None else str(value).replace("|", "\\|")
-
-
-def write_plots(rows: list[dict], plots: Path) -> list[Path]:
-    """Bar charts of predicted cost and kernels, predicted against measured, compile time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plots.mkdir(parents=True, exist_ok=True)
-    ok = [r for r in rows if r["status"] == "ok"]
-    written = []
-    strategies = [s for s in STRATEGIES if any(r["strategy"] == s for r in ok)]
-    models = sorted({r["model"] for r in ok})
-    targets = sorted({r["target"] for r in ok})
-
-    def grouped_bars(metric: str, title: str, ylabel: str, name: str, log: bool) -> None:
-        fig, axes = plt.subplots(1, max(1, len(targets)), figsize=(5 * max(1, len(targets)), 4),
-                                 squeeze=False)
-        width = 0.8 / max(1, len(strategies))
-        for ax, target in zip(axes[0], targets):
-            for i, strategy in enumerate(strategies):
-                values = [_first(ok, model, strategy, target, metric) for model in models]
-                ax.bar(np.arange(len(models)) + i * width, values, width, label=strategy)
-            ax.set_xticks(np.arange(len(models)) + width * (len(strategies) - 1) / 2)
-            ax.set_xticklabels([m.removesuffix(".onnx") for m in models], rotation=30,
-                               ha="right", fontsize=8)
-            ax.set_title(f"{title}: {target}")
-            ax.set_ylabel(ylabel)
-            if log:
-                ax.set_yscale("log")
-        axes[0][0].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(plots / name, dpi=100)
-        plt.close(fig)
-        written.append(plots / name)
-
-    if ok:
-        grouped_bars("predicted_us", "predicted cost", "microseconds", "predicted_cost.png", True)
-        grouped_bars("kernels", "kernels", "kernels that run", "kernels.png", False)
-        grouped_bars("t_compile", "compile time", "seconds", "compile_time.png", True)
-        fig, ax = plt.subplots(figsize=(5, 4))
-        for strategy in strategies:
-            points = [(r["predicted_us"], r["measured_ms"] * 1e3) for r in ok
-                      if r["strategy"] == strategy and r["target"] == "cpu"]
-            if points:
-                ax.scatter(*zip(*points), label=strategy, s=18)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("predicted (us, cpu cost model)")
-        ax.set_ylabel("measured on this machine (us)")
-        ax.set_title("does the cost model predict reality?")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(plots / "predicted_vs_measured.png", dpi=100)
-        plt.close(fig)
-        written.append(plots / "predicted_vs_measured.png")
-    return written
-
-
-def _first(rows, model, strategy, target, metric) -> float:
-    for r in rows:
-        if (r["model"], r["strategy"], r["target"]) == (model, strategy, target):
-            value = r.get(metric)
-            return float(value) if value is not None else math.nan
-    return math.nan
 
 
 def print_progress(message: str) -> None:
