@@ -149,3 +149,17 @@ def test_signed_zeros(kernel_cache, case):
                  helper.make_node("Where", ["c", "t", "y"], ["o"])]
     model = make_model(nodes, [("x", [4]), ("y", [4])], [("o", [4])])
     check_ieee(model, _ZEROS, kernel_cache)
+
+
+@pytest.mark.parametrize("kernel, group", [(3, 4), (5, 4), (3, 1)])
+def test_conv_of_zeros_with_negative_weights_is_plus_zero(kernel_cache, kernel, group):
+    """A Conv without bias over a zero patch sums products that are all -0 (negative weight
+    times +0): an accumulator starting from +0 gives +0, as onnxruntime does; the 3x3
+    depthwise kernel, which summed its nine taps directly, gave -0."""
+    weights = -np.ones((4, 4 // group, kernel, kernel), np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=group, pads=[1] * 4)]
+    out = 8 - kernel + 3
+    model = make_model(nodes, [("x", [1, 4, 8, 8])], [("y", [1, 4, out, out])], {"w": weights})
+    x = np.zeros((1, 4, 8, 8), np.float32)
+    x[0, :, 0, 0] = 1.0
+    check_ieee(model, {"x": x}, kernel_cache)

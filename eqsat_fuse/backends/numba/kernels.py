@@ -354,7 +354,10 @@ def widen_f16(x, xoff, n, out):
 def _dw3x3(pad, b0, b1, b2, rs, os, w, c, OH, OW, acc, dst):
     """One channel of a 3x3 depthwise Conv with the nine taps summed in registers and each
     output written once: tap (i, j) of output (oh, ow) reads pad[b_j + oh * os + i * rs + ow]
-    (b_j: where tap column j starts), into acc[dst + oh * OW + ow]."""
+    (b_j: where tap column j starts), into acc[dst + oh * OW + ow]. The sum starts from +0,
+    as an accumulator does (onnxruntime's too): nine products that are all -0 (a negative
+    weight times a zero) sum to +0, not -0."""
+    zero = np.float32(0)
     w00 = w[U(c * 9)]
     w01 = w[U(c * 9 + 1)]
     w02 = w[U(c * 9 + 2)]
@@ -370,7 +373,7 @@ def _dw3x3(pad, b0, b1, b2, rs, os, w, c, OH, OW, acc, dst):
         q2 = b2 + oh * os
         o = dst + oh * OW
         for ow in range(OW):
-            acc[U(o + ow)] = (w00 * pad[U(q0 + ow)] + w01 * pad[U(q1 + ow)]
+            acc[U(o + ow)] = (zero + w00 * pad[U(q0 + ow)] + w01 * pad[U(q1 + ow)]
                               + w02 * pad[U(q2 + ow)]
                               + w10 * pad[U(q0 + rs + ow)] + w11 * pad[U(q1 + rs + ow)]
                               + w12 * pad[U(q2 + rs + ow)]
