@@ -51,3 +51,14 @@ class VerificationError(EqsatFuseError):
 class LimitError(EqsatFuseError):
     """A hard limit (memory or time of the saturation child) was hit with nothing to fall back
     to, or cannot be set here."""
+
+
+class ArtifactError(EqsatFuseError):
+    """A saved artifact cannot be written or loaded: missing, truncated or tampered with (a
+    file whose SHA-256 is not the recorded one), of an unknown format version, or made for
+    another machine or version when recompiling is not allowed."""
+
+
+class ArtifactWarning(UserWarning):
+    """A saved artifact loads, but not as saved: made by another eqsat-fuse, Numba or Python,
+    or for another CPU, so its kernels are compiled again from the stored plan."""
