@@ -85,7 +85,8 @@ from .scalars import NP_TYPES
 from .segments import KernelCall, segment_source
 from .spaces import Tensor, Unsupported
 
-__all__ = ["NumbaBackend", "Impl", "JitStats", "KernelCall", "Unsupported", "default_cache_dir"]
+__all__ = ["NumbaBackend", "Impl", "JitStats", "KernelCall", "Unsupported", "default_cache_dir",
+           "module_origin"]
 
 CACHE_ENV = "EQSAT_FUSE_CACHE_DIR"
 
@@ -178,6 +179,17 @@ def _launch_threading_layer() -> None:
     Starting it is idempotent and costs about a millisecond, once."""
     from numba.np.ufunc import parallel
     parallel._launch_threads()
+
+
+# generated module file name (k_<digest>.py, s_<digest>.py) -> the file this process loaded
+# it from: the module may come from another cache folder that an earlier program used
+_ORIGINS: dict[str, Path] = {}
+
+
+def module_origin(file_name: str) -> Path | None:
+    """The file this process loaded the generated module `file_name` from, if it did: where
+    Numba keeps its machine code (`eqsat_fuse.artifacts` copies it into a saved artifact)."""
+    return _ORIGINS.get(file_name)
 
 
 def _holds(path: Path, source: str) -> bool:
@@ -303,6 +315,7 @@ class NumbaBackend:
             except Exception:
                 del sys.modules[name]
                 raise
+        _ORIGINS.setdefault(path.name, Path(module.__file__))
         fn = getattr(module, prefix)
         self.modules[key] = fn
         self.stats.sources += 1
