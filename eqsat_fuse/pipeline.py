@@ -21,7 +21,7 @@ from .extraction.costmodel import load_cost_model
 from .extraction.fusion_values import ExtractionContext
 from .extraction.registry import extract
 from .frontend.encode import encode
-from .frontend.importer import import_model, with_input_shapes
+from .frontend.importer import CANONICAL_OPSET, import_model, with_input_shapes
 from .ir import KernelPlan
 from .lowering.decode import decode
 from .lowering.lower import Program, lower
@@ -45,15 +45,20 @@ class TensorSpec:
 
 
 class Compiled:
-    """A compiled model: `run(feeds)`, `report`, `verify()`, `inputs`, `outputs`."""
+    """A compiled model: `run(feeds)`, `report`, `verify()`, `inputs`, `outputs`, `save(path)`.
 
-    def __init__(self, program: Program, report: Report, source: onnx.ModelProto,
-                 source_path: Path | None = None, extraction: ExtractionContext | None = None):
+    One that `load` read from a saved artifact holds the program and its report but not the
+    ONNX model it was compiled from: `verify`, `to_onnx` and `report_html` need that model."""
+
+    def __init__(self, program: Program, report: Report, source: onnx.ModelProto | None,
+                 source_path: Path | None = None, extraction: ExtractionContext | None = None,
+                 opset: int = CANONICAL_OPSET):
         self.program = program
         self.report = report
         self._source = source
         self.source_path = source_path      # the file it was compiled from: never overwritten
         self.extraction = extraction        # what --explain re-extracts from
+        self.opset = opset                  # the opset its opaque nodes run at (onnx.reference)
 
     @property
     def plan(self) -> KernelPlan:
@@ -90,6 +95,7 @@ class Compiled:
         `rtol` / `atol` replace the per-dtype tolerances of every float output; `tolerances`
         {output name: (rtol, atol)} sets them per output (integer outputs too). The indices of
         ArgMax, ArgMin and TopK are compared tie-aware (see `checking.verify`)."""
+        self._need_source("verify")
         feeds = random_feeds(self.plan.inputs, seed) if feeds is None else feeds
         return verify_program(self._source, self.plan, self.run, feeds, against,
                               self.program.storage_dtype, rtol=rtol, atol=atol,
@@ -104,6 +110,7 @@ class Compiled:
         replaced by its function's body (`onnx.inliner`), no local functions left."""
         from .tools.export import export_model, inline_functions, save_model
 
+        self._need_source("to_onnx")
         model = export_model(self.program, self._source, opset=opset)
         if inline:
             model = inline_functions(model)
@@ -117,8 +124,40 @@ class Compiled:
         self-contained HTML file; an existing file is replaced only with `force`."""
         from .tools.html_report import write
 
+        self._need_source("report_html")
         return write(self, path, force=force,
                      protect=[self.source_path] if self.source_path else [])
+
+
+    def save(self, path: str | Path, force: bool = False) -> Path:
+        """Save the compiled program as an artifact folder that `load` runs without saturation,
+        extraction or (on a machine like this one) JIT: the kernel plan, folded constants,
+        memory plan, report and, for the Numba backend, the kernels' machine code (see
+        docs/artifacts.md). Written atomically; an existing artifact is replaced only with
+        `force`, and never the model this was compiled from."""
+        from .artifacts import write_artifact
+
+        return write_artifact(self, path, force=force)
+
+    def _need_source(self, what: str) -> None:
+        if self._source is None:
+            raise EqsatFuseError(f"{what} needs the ONNX model: this program was loaded from a "
+                                 f"saved artifact, which holds the compiled program only")
+
+
+def load(path: str | Path, threads: int | None = None, recompile: bool = True) -> Compiled:
+    """Load an artifact written by `Compiled.save`: no saturation, no extraction, and on a
+    machine of the same CPU with the same eqsat-fuse, Numba and Python no JIT.
+
+    `threads` overrides the saved thread setting (kernels generated for another count are
+    compiled again). An artifact made elsewhere (another CPU or version) has its kernels
+    compiled again from the stored plan with an `ArtifactWarning`, or, with
+    `recompile=False`, is refused with an `ArtifactError`; so is one that was tampered with
+    or truncated (docs/artifacts.md)."""
+    from .artifacts import read_artifact
+
+    loaded = read_artifact(path, threads=threads, recompile=recompile)
+    return Compiled(loaded.program, loaded.report, None, opset=loaded.opset)
 
 
 def _source_proto(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
@@ -206,7 +245,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     source = with_input_shapes(_source_proto(model), input_shapes)  # the oracle takes them too
     return Compiled(program, report, source,
                     source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
-                    extraction=context)
+                    extraction=context, opset=graph.opset)
 
 
 def _check_options(strategy: str, ilp_seconds: float) -> None:
