@@ -81,32 +81,43 @@ class Tags:
         return any(form.start <= chars < form.end for form in self.forms)
 
 
-def _top_level_forms(text: str) -> list[tuple[int, int]]:
-    """(start, end) offsets of each top-level parenthesized form, outside strings and comments."""
-    forms, depth, start, i, n = [], 0, 0, 0, len(text)
-    in_string = False
-    while i < n:
-        char = text[i]
-        if in_string:
-            if char == "\\":
-                i += 1
+def _code_positions(text: str) -> bytearray:
+    """1 at each character of `text` that is code, 0 inside strings and `;` comments."""
+    code = bytearray(len(text))
+    in_string = escaped = comment = False
+    for i, char in enumerate(text):
+        if comment:
+            comment = char != "\n"
+        elif in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
             elif char == '"':
                 in_string = False
         elif char == '"':
             in_string = True
         elif char == ";":
-            while i < n and text[i] != "\n":
-                i += 1
+            comment = True
+        else:
+            code[i] = 1
+    return code
+
+
+def _top_level_forms(text: str, code: bytearray) -> list[tuple[int, int]]:
+    """(start, end) offsets of each top-level parenthesized form."""
+    forms, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if not code[i] or char not in "()":
             continue
-        elif char == "(":
+        if char == "(":
             if depth == 0:
                 start = i
             depth += 1
-        elif char == ")" and depth:
+        elif depth:
             depth -= 1
             if depth == 0:
                 forms.append((start, i + 1))
-        i += 1
     return forms
 
 
@@ -117,12 +128,13 @@ def split_tags(text: str, filename: str) -> tuple[str, Tags]:
     tags: list[Tagged] = []
     if ":numerics" not in text:
         return text, Tags()
-    forms = _top_level_forms(text)
+    code = _code_positions(text)
+    forms = _top_level_forms(text, code)
     pieces, last = [], 0
     for match in _TAG.finditer(text):
         offset = match.start()
         line = text.count("\n", 0, offset) + 1
-        if _in_comment_or_string(text, offset):
+        if not code[offset]:
             continue
         mode = match.group(2)
         if mode != "fast":
@@ -137,23 +149,3 @@ def split_tags(text: str, filename: str) -> tuple[str, Tags]:
         last = match.end()
     pieces.append(text[last:])
     return "".join(pieces), Tags(tuple(tags))
-
-
-def _in_comment_or_string(text: str, offset: int) -> bool:
-    """Whether `offset` lies in a `;` comment or a string (scanning its line from the start)."""
-    line_start = text.rfind("\n", 0, offset) + 1
-    in_string = False
-    i = line_start
-    while i < offset:
-        char = text[i]
-        if in_string:
-            if char == "\\":
-                i += 1
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char == ";":
-            return True
-        i += 1
-    return in_string

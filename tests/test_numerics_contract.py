@@ -180,3 +180,16 @@ def test_cli_fast_math(tmp_path, capsys):
     assert main(["optimize", str(path), "--fast-math", "--quiet"]) == 0
     assert "numerics      fast (--fast-math): inexact rules fired: add-zero" \
         in capsys.readouterr().out
+
+
+def test_tags_in_comments_and_strings_are_not_tags():
+    from eqsat_fuse.numerics import split_tags
+
+    text = ('; a comment :numerics fast\n'
+            '(rule ((= e (Neg x))) ((union e x)) :ruleset r :name "a;(" :numerics fast)\n'
+            '(rewrite (Neg x) x :ruleset r :name ":numerics fast")\n')
+    clean, tags = split_tags(text, "f.egg")
+    assert len(clean) == len(text) and clean.count("\n") == text.count("\n")
+    assert clean.count(":numerics fast") == 2          # the comment's and the string's
+    (form,) = tags.forms
+    assert (form.start, form.line) == (text.index("(rule"), 2)
