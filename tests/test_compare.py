@@ -194,3 +194,16 @@ def test_the_scatter_has_y_equals_x_spearman_per_target_and_tells_models_apart()
     assert ax.get_xlim()[0] == ax.get_ylim()[0] == 0 and ax.get_xscale() == "linear"
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["y = x", "a", "b", "none", "eqsat-greedy"]
+
+
+def test_only_this_machines_targets_are_measured(tmp_path):
+    from eqsat_fuse.tools.calibrate import target_name
+    from eqsat_fuse.tools.compare import measures_here
+
+    shipped = (MODELS_DIR.parent.parent / "extract" / "cpu.toml").read_text()
+    here, elsewhere = tmp_path / "here.toml", tmp_path / "elsewhere.toml"
+    here.write_text(shipped.replace('name = "cpu"', f'name = "{target_name(here)}"'))
+    elsewhere.write_text(shipped.replace('name = "cpu"', 'name = "cpu@another-host"'))
+    assert measures_here("cpu") and measures_here(str(here))
+    assert not measures_here("gpu") and not measures_here("edge-npu")
+    assert not measures_here(str(elsewhere))
