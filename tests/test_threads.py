@@ -1,8 +1,16 @@
 """The one thread setting (`eqsat_fuse.threads`): what `compile(threads=...)` accepts, that
 products run split among Numba's threads with BLAS single-threaded inside them, that a run
-puts the process's thread settings back, and that results do not depend on the count."""
+puts the process's thread settings back, that results do not depend on the count, and that a
+run takes only the cores other processes leave free (`CoreLoad`)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numba
 import numpy as np
@@ -13,6 +21,7 @@ from onnx import helper
 import eqsat_fuse as ef
 from eqsat_fuse.backends.numba import packed_gemm as PG
 from eqsat_fuse.errors import EqsatFuseError
+from eqsat_fuse import threads as T
 from eqsat_fuse.threads import resolve
 
 from conftest import compile_in_two_processes, make_model
@@ -129,3 +138,110 @@ def test_a_second_process_runs_parallel_kernels_from_the_cache(tmp_path, rng):
     first, second = compile_in_two_processes(path, tmp_path / "cache", threads=2)
     assert first[0] > 0 and first[2]
     assert second == (0, first[0], True)        # every kernel from the cache, and it verifies
+
+
+# ---- under load: a run takes the cores other processes leave free -----------------------------
+
+class _Machine:
+    """A fake /proc/stat for cores cpu0 and cpu1 and fake clocks: `advance(seconds, busy=...)`
+    moves wall time on with each core busy for the given seconds, `own` of them this process's."""
+
+    def __init__(self, folder, monkeypatch):
+        self.path = folder / "stat"
+        self.wall = 100.0
+        self.own = 0.0
+        self.ticks = [0, 0]                   # busy ticks of cpu0, cpu1 (100 a second)
+        self.write()
+        monkeypatch.setattr(T, "time", SimpleNamespace(monotonic=lambda: self.wall,
+                                                       process_time=lambda: self.own))
+        self.load = T.CoreLoad(str(self.path))
+        self.load.cpus = {"cpu0", "cpu1"}
+        self.load.tick = 0.01
+
+    def write(self):
+        lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+        for i, busy in enumerate(self.ticks):     # user nice system idle iowait irq softirq steal
+            lines.append(f"cpu{i} {busy - busy // 4} 0 {busy // 4} 9999 0 0 0 0 0 0")
+        self.path.write_text("\n".join(lines + ["intr 0", ""]))
+
+    def advance(self, seconds, busy=(0.0, 0.0), own=0.0):
+        self.wall += seconds
+        self.own += own
+        self.ticks = [t + round(b * 100) for t, b in zip(self.ticks, busy)]
+        self.write()
+
+
+def test_a_core_kept_busy_by_another_process_leaves_a_run_one_thread(tmp_path, monkeypatch):
+    m = _Machine(tmp_path, monkeypatch)
+    m.load.sample()                                      # the first window starts (compile)
+    m.advance(0.5, busy=(0.0, 0.5))                      # another process: cpu1 all the time
+    assert m.load.usable(2) == 1
+    assert m.load.usable(1) == 1
+    m.advance(0.1, busy=(0.1, 0.0), own=0.1)             # within the window: no new look
+    assert m.load.usable(2) == 1
+    m.advance(0.5)                                       # the other process has ended
+    assert m.load.usable(2) == 2
+
+
+def test_this_processs_own_threads_do_not_count_as_load(tmp_path, monkeypatch):
+    m = _Machine(tmp_path, monkeypatch)
+    m.load.sample()
+    m.advance(0.5, busy=(0.5, 0.5), own=1.0)             # our two threads (or spinning workers)
+    assert m.load.usable(2) == 2
+    m.advance(0.5, busy=(0.5, 0.05), own=0.5)            # others: a light 0.1 of a core
+    assert m.load.usable(2) == 2
+    m.advance(0.5, busy=(0.5, 0.2), own=0.5)             # others: 0.4 of a core
+    assert m.load.usable(2) == 1
+
+
+def test_without_proc_stat_a_run_uses_its_threads(tmp_path, monkeypatch):
+    m = _Machine(tmp_path, monkeypatch)
+    m.path.unlink()
+    m.load.sample()
+    m.advance(0.5)
+    assert m.load.usable(2) == 2
+
+
+@pytest.mark.skipif(T.available_cores() < 2, reason="needs two cores")
+def test_a_real_busy_process_beside_us_takes_a_thread_away():
+    cores = T.available_cores()
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 5\n"
+                             "while time.time() < end: pass"])
+    try:
+        load = T.CoreLoad()
+        load.sample()
+        time.sleep(2.5 * T.LOAD_WINDOW)
+        assert load.usable(cores) <= cores - 1
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+@needs_two
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_under_load_a_two_thread_program_runs_on_one_with_the_same_results(backend, tmp_path,
+                                                                          rng, monkeypatch):
+    program = ef.compile(_attention_like(rng), backend=backend, cache_dir=tmp_path, threads=2)
+    feeds = {name: rng.standard_normal((8, 128, 64)).astype(np.float32) for name in "qkv"}
+    idle = program.run(feeds)["y"]
+    seen = []
+    original = T.governed
+
+    @contextmanager
+    def spy(threads, blas_threads, numba_threads=True):
+        with original(threads, blas_threads, numba_threads):
+            seen.append((numba.get_num_threads() if numba_threads else None,
+                         max(lib.num_threads for lib in T._blas())))
+            yield
+
+    env = dict(os.environ)
+    monkeypatch.setattr(T.LOAD, "free", 1)
+    monkeypatch.setattr(T.LOAD, "sample", lambda: None)
+    from eqsat_fuse.lowering import program as P
+    monkeypatch.setattr(P, "governed", spy)
+    busy = program.run(feeds)["y"]
+    # the Numba backend's loops on one thread (BLAS is single-threaded in them anyway); the
+    # NumPy backend's BLAS on one thread instead of two
+    assert seen == [(1 if backend == "numba" else None, 1)]
+    np.testing.assert_allclose(busy, idle, rtol=1e-5, atol=1e-6)
+    assert dict(os.environ) == env           # nothing set for the caller's child processes
