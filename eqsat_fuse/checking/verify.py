@@ -165,9 +165,10 @@ def index_outputs(plan: KernelPlan, source: onnx.ModelProto) -> dict[str, IndexO
     for kernel in plan.kernels:
         if kernel.kind != "opaque" or kernel.output not in by_buffer:
             continue
-        attrs = kernel.body[0].attrs
-        node = plan.opaque_nodes[attrs["node"]].onnx_node
-        if INDEX_OPS.get(node.op_type) != attrs["index"]:
+        attrs = kernel.body[-1].attrs
+        opaque = plan.opaque_nodes.get(attrs.get("node"))
+        node = opaque.onnx_node if opaque is not None else None
+        if node is None or INDEX_OPS.get(node.op_type) != attrs.get("index"):
             continue
         given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         values = by_buffer.get(node.output[0]) if node.op_type == "TopK" else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -90,9 +91,18 @@ def bar_figure(rows: list[dict], metric: str, title: str, ylabel: str, measured:
         ax.set_title(f"{title}: {target}", fontsize=10)
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
+    # one legend for all panels, below them, where it hides no bar
+    legend: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    columns = max(1, min(len(legend), 2 * len(axes[0])))
+    lines = -(-len(legend) // columns)
+    fig.set_figheight(4 + 0.22 * lines)
+    if legend:
+        fig.legend(list(legend.values()), list(legend), loc="lower center", fontsize=7,
+                   ncol=columns, frameon=False)
+    fig.tight_layout(rect=(0, 0.22 * lines / fig.get_figheight(), 1, 1))
     return fig
 
 
