@@ -376,7 +376,7 @@ def _check_indices(name: str, got: np.ndarray, want: np.ndarray, index: IndexOut
         return OutputCheck(name, True, max_gap, 0.0, rtol, atol, 0, 0, ties, size,
                            f"{ties} of {size} indices differ from the oracle's, each a swap "
                            f"between tied values ({where} are {rule}; largest gap "
-                           f"{max_gap:.3g}); the rest are equal")
+                           f"{max_gap:.3g})" + ("; the rest are equal" if ties < size else ""))
     first = tuple(np.argwhere(bad)[0])
     why = (" out of range" if not inside[first] else
            ", which its row holds twice" if repeated[first] else
@@ -385,6 +385,7 @@ def _check_indices(name: str, got: np.ndarray, want: np.ndarray, index: IndexOut
     reason = (f"{wrong} of {size} indices differ from the oracle's and are no tie ({where}); "
               f"the first at {_at(first)}: got index {got[first]}{why}")
     if ties:
-        reason += f"; {ties} more differ but are ties"
+        reason += ("; 1 more differs but is a tie" if ties == 1 else
+                   f"; {ties} more differ but are ties")
     return OutputCheck(name, False, max_gap, float("inf"), rtol, atol, wrong, 0, ties, size,
                        reason)
