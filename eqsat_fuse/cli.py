@@ -143,6 +143,10 @@ def cmd_optimize(args) -> int:
             raise EqsatFuseError(f"{out}: refusing to overwrite the input model")
         if out.exists() and not args.force:
             raise EqsatFuseError(f"{out}: already exists; pass --force to replace it")
+    if args.save:
+        from .artifacts.store import check_target
+
+        check_target(Path(args.save), Path(args.model), args.force, "--force")
     if args.report:
         from .tools import html_report
 
@@ -172,6 +176,12 @@ def cmd_optimize(args) -> int:
         html_report.write(compiled, args.report, force=args.force, protect=protect,
                           force_hint="--force")
         print(f"wrote the report to {args.report}", file=sys.stderr if args.json else sys.stdout)
+    if args.save:
+        from .artifacts import write_artifact
+
+        write_artifact(compiled, args.save, force=args.force, force_hint="--force")
+        print(f"wrote the compiled program to {args.save} (eqsat-fuse run {args.save} ...)",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -230,7 +240,7 @@ def cmd_calibrate(args) -> int:
 def cmd_run(args) -> int:
     if args.repeat is not None and args.repeat < 1:
         raise EqsatFuseError(f"--repeat must be a whole number >= 1, got {args.repeat}")
-    compiled = _compile(args, args.model)
+    compiled = _load(args) if Path(args.model).is_dir() else _compile(args, args.model)
     feeds = _load_feeds(args.inputs)
     storage = compiled.report.backend_report.get("storage_dtype", "float32")
     if storage != "float32" and not args.quiet:
@@ -246,6 +256,29 @@ def cmd_run(args) -> int:
             print(f"{name}: shape {list(value.shape)} {value.dtype}\n{value}")
     _print_timings(args, compiled, feeds)
     return 0
+
+
+def _load(args):
+    """`run DIR`: the saved artifact, with --threads; compile options do not apply to it, and
+    its warnings (kernels compiled again) are printed as one line each."""
+    import warnings
+
+    from .pipeline import load
+
+    defaults = argparse.ArgumentParser()
+    _add_compile_options(defaults)
+    given = [f"--{dest.replace('_', '-')}" for dest, default in vars(defaults.parse_args([])).items()
+             if dest not in ("threads", "quiet") and getattr(args, dest) != default]
+    if given:
+        raise EqsatFuseError(f"{args.model} is a saved artifact, already compiled: "
+                             f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to it "
+                             f"(compile the model again)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = load(args.model, threads=args.threads)
+    for warning in caught:
+        print(f"[eqsat-fuse] warning: {warning.message}", file=sys.stderr, flush=True)
+    return compiled
 
 
 def _print_timings(args, compiled, feeds) -> None:
@@ -369,17 +402,22 @@ def _add_optimize_command(sub: argparse._SubParsersAction) -> None:
     optimize.add_argument("--inline", action="store_true",
                           help="with -o: write plain ONNX, each fused kernel's function body "
                                "inlined (no local functions)")
+    optimize.add_argument("--save", metavar="DIR",
+                          help="also save the compiled program as an artifact folder that "
+                               "'eqsat-fuse run DIR' and eqsat_fuse.load run without compiling "
+                               "(docs/artifacts.md)")
     optimize.add_argument("--force", action="store_true",
-                          help="replace OUT.onnx / OUT.html if they exist")
+                          help="replace OUT.onnx / OUT.html / DIR if they exist")
     optimize.set_defaults(func=cmd_optimize)
 
 
 def _add_run_command(sub: argparse._SubParsersAction) -> None:
     """The `run` command."""
     run = sub.add_parser("run", help="compile a model and run it on inputs from a .npz file",
-                         description="Compile MODEL and run it on the arrays in FEEDS.npz "
-                                     "(one array per input, by name).")
-    run.add_argument("model", help="the ONNX file")
+                         description="Compile MODEL (or load the artifact folder that "
+                                     "optimize --save wrote) and run it on the arrays in "
+                                     "FEEDS.npz (one array per input, by name).")
+    run.add_argument("model", help="the ONNX file, or a saved artifact folder")
     run.add_argument("--inputs", required=True, metavar="FEEDS.npz", help="input arrays by name")
     run.add_argument("-o", "--output", metavar="OUT.npz", help="write the outputs here")
     run.add_argument("--force", action="store_true", help="replace OUT.npz if it exists")

@@ -58,7 +58,7 @@ def write_artifact(compiled, path: str | Path, force: bool = False,
                    force_hint: str = "force=True") -> Path:
     """Save `compiled` (a `Compiled`) as an artifact folder at `path`; see the module doc."""
     path = Path(path)
-    _check_target(path, compiled.source_path, force, force_hint)
+    check_target(path, compiled.source_path, force, force_hint)
     program = compiled.program
     temp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
@@ -88,7 +88,7 @@ def write_artifact(compiled, path: str | Path, force: bool = False,
     return path
 
 
-def _check_target(path: Path, source: Path | None, force: bool, force_hint: str) -> None:
+def check_target(path: Path, source: Path | None, force: bool, force_hint: str) -> None:
     """Refuse a target that is (or holds) the model compiled from, an existing path without
     `force`, a folder that is not an artifact, or a missing parent folder."""
     if not path.parent.is_dir():
