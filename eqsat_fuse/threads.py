@@ -133,7 +133,7 @@ class CoreLoad:
         self.last: tuple[float, float, float] | None = None   # wall, cores' busy, own CPU (s)
         self.free = len(self.cpus) or available_cores()
 
-    def _busy_seconds(self) -> float | None:
+    def busy_seconds(self) -> float | None:
         """CPU time the kernel has counted busy (or stolen by the hypervisor) on our cores."""
         try:
             with open(self.stat_path, "rb") as f:
@@ -158,7 +158,7 @@ class CoreLoad:
         with self.lock:
             if self.last is not None and now - self.last[0] < LOAD_WINDOW:
                 return
-            busy, own = self._busy_seconds(), time.process_time()
+            busy, own = self.busy_seconds(), time.process_time()
             if busy is None:
                 return
             if self.last is not None:
