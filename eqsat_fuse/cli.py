@@ -36,6 +36,19 @@ def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def _thread_count(text: str) -> int:
+    """`--threads N`: checked when the command line is read, not after a compile."""
+    from .threads import resolve
+
+    try:
+        return resolve(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"threads must be a whole number >= 1, got {text!r}") from None
+    except EqsatFuseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="cpu",
                         help="cost model: a shipped target name or a .toml file (default: cpu)")
@@ -56,9 +69,10 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
                         help="dtype the intermediates are stored in (computed in float32); "
                              "default: the target's storage_dtype (edge-npu: float16, which "
                              "verify holds to float16's tolerances)")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="threads the program runs on: Numba's parallel loops (BLAS "
-                             "single-threaded inside them) or the NumPy backend's BLAS "
+    parser.add_argument("--threads", type=_thread_count, default=None, metavar="N",
+                        help="the most threads the program runs on: Numba's parallel loops "
+                             "(BLAS single-threaded inside them) or the NumPy backend's BLAS; "
+                             "a run uses fewer while other processes keep cores busy "
                              "(default: the cores this process may use)")
     parser.add_argument("--fast-math", action="store_true",
                         help="like -ffast-math: also run the rules tagged ':numerics fast' and "
@@ -544,7 +558,7 @@ def _add_compare_command(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--spread-limit", type=float, default=0.10, metavar="F",
                          help="warn about a cell whose IQR is above F x its median (default "
                               "0.10)")
-    compare.add_argument("--threads", type=int, default=None, metavar="N",
+    compare.add_argument("--threads", type=_thread_count, default=None, metavar="N",
                          help="threads of the compiled programs and of onnxruntime (default: "
                               "the cores this process may use)")
     compare.add_argument("--seed", type=int, default=0, help="seed of the inputs")

@@ -245,3 +245,24 @@ def test_under_load_a_two_thread_program_runs_on_one_with_the_same_results(backe
     assert seen == [(1 if backend == "numba" else None, 1)]
     np.testing.assert_allclose(busy, idle, rtol=1e-5, atol=1e-6)
     assert dict(os.environ) == env           # nothing set for the caller's child processes
+
+
+# ---- --threads on the command line --------------------------------------------------------------
+
+MODEL = "tests/models/mobilenetv2_tiny_op17.onnx"
+COMMANDS = {"demo": ["demo"], "optimize": ["optimize", MODEL],
+            "run": ["run", MODEL, "--inputs", "feeds.npz"], "verify": ["verify", MODEL],
+            "compare": ["compare", MODEL, "-o", "out"]}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("bad, says", [("0", "got 0"), ("two", "got 'two'"), ("1.5", "got '1.5'"),
+                                       ("9999", "more than Numba's thread pool")])
+def test_a_wrong_threads_value_is_one_line_before_anything_compiles(command, bad, says, capsys):
+    from eqsat_fuse.cli import main
+    with pytest.raises(SystemExit) as exit_:
+        main([*COMMANDS[command], "--threads", bad])
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"eqsat-fuse {command}: error: argument --threads: ")
+    assert says in last and "\n" not in last
