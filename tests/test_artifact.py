@@ -1,0 +1,240 @@
+"""Saved artifacts (issue 20 item 1): `Compiled.save` -> `eqsat_fuse.load` in a fresh process
+gives the same outputs bit for bit with no JIT; a tampered, truncated or foreign artifact is
+refused with one clear line (or, for another machine or version, recompiled with a warning);
+nothing is overwritten without force, and never the model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import eqsat_fuse as ef
+from eqsat_fuse.artifacts import FORMAT_VERSION
+from eqsat_fuse.cli import main
+
+from conftest import MODELS_DIR, make_model
+
+
+def _model(rng):
+    """x -> Conv+Relu -> flatten -> MatMul+Add -> Softmax (y), and Less(x, c) (m, an opaque
+    node): compiled kernels, a view, a constant-weight product and an opaque step."""
+    inits = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+             "b": rng.standard_normal(4).astype(np.float32),
+             "shape": np.array([1, 64], np.int64),
+             "fc": rng.standard_normal((64, 10)).astype(np.float32),
+             "fb": rng.standard_normal(10).astype(np.float32),
+             "c": np.float32(0.25)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv"], ["relu"]),
+             helper.make_node("Reshape", ["relu", "shape"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "fc"], ["mm"]),
+             helper.make_node("Add", ["mm", "fb"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["y"], axis=-1),
+             helper.make_node("Less", ["x", "c"], ["m"])]
+    return make_model(nodes, [("x", [1, 3, 4, 4])],
+                      [("y", [1, 10]), ("m", [1, 3, 4, 4], TensorProto.BOOL)], inits)
+
+
+def _feeds(compiled) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return {name: rng.standard_normal(spec.shape).astype(spec.dtype)
+            for name, spec in compiled.inputs.items()}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """backend -> (artifact folder, feeds, outputs of the compiled program); the Numba one
+    compiled in this process (its modules stay loaded), the NumPy one in numerics="fast"."""
+    root = tmp_path_factory.mktemp("artifacts")
+    model = root / "model.onnx"
+    model.write_bytes(_model(np.random.default_rng(0)).SerializeToString())
+    out = {}
+    for backend, numerics in (("numba", "exact"), ("numpy", "fast")):
+        compiled = ef.compile(model, backend=backend, numerics=numerics,
+                              cache_dir=root / "kernel-cache")
+        feeds = _feeds(compiled)
+        folder = compiled.save(root / f"{backend}.eqsat")
+        out[backend] = (folder, feeds, compiled.run(feeds))
+    return out
+
+
+def _load_in_fresh_process(folder: Path, feeds: dict, tmp_path: Path) -> tuple[dict, dict]:
+    """Load and run the artifact in a new Python: (outputs, what it reports: Numba compile
+    events, the backend's JIT counts, the numerics mode)."""
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    script = textwrap.dedent(f"""
+        import json, numpy as np
+        from numba.core import event
+        import eqsat_fuse as ef
+        with event.install_recorder("numba:compile") as compiles:
+            program = ef.load({str(folder)!r})
+            outputs = program.run(dict(np.load({str(tmp_path / 'feeds.npz')!r})))
+        np.savez({str(tmp_path / 'outputs.npz')!r}, **outputs)
+        b = program.report.backend_report
+        print(json.dumps({{"compile_events": len(compiles.buffer), "jit_compiled":
+                          b["jit_compiled"], "jit_loaded": b["jit_loaded"],
+                          "sources": b["sources"], "numerics": program.report.numerics}}))
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    with np.load(tmp_path / "outputs.npz") as data:
+        outputs = {name: data[name] for name in data.files}
+    return outputs, json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _assert_bit_for_bit(got: dict, want: dict) -> None:
+    assert list(got) == list(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
+        assert got[name].tobytes() == want[name].tobytes(), name
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_loaded_artifact_runs_bit_for_bit_in_a_fresh_process_without_jit(saved, backend,
+                                                                           tmp_path):
+    folder, feeds, want = saved[backend]
+    got, facts = _load_in_fresh_process(folder, feeds, tmp_path)
+    _assert_bit_for_bit(got, want)
+    assert facts["compile_events"] == 0 and facts["jit_compiled"] == 0
+    if backend == "numba":
+        assert facts["jit_loaded"] == facts["sources"] > 0
+    else:
+        assert facts["numerics"] == "fast"
+
+
+def test_the_manifest_records_versions_cpu_and_every_files_hash(saved):
+    folder = saved["numba"][0]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["format_version"] == FORMAT_VERSION
+    assert manifest["environment"]["cpu"]["name"] and manifest["environment"]["numba"]
+    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert set(manifest["files"]) == on_disk - {"manifest.json"}
+    assert any(name.endswith(".nbi") for name in manifest["files"])
+    assert any(name.startswith("kernels/k_") for name in manifest["files"])
+
+
+def _copy(saved, tmp_path, backend="numba") -> Path:
+    copy = tmp_path / "copy.eqsat"
+    shutil.copytree(saved[backend][0], copy)
+    return copy
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda a: _flip_last_byte(a / "constants" / "0.npy"),
+     r"constants/0\.npy is not the file that was saved"),
+    (lambda a: next((a / "kernels").glob("k_*.py")).write_text("import os\n"),
+     r"kernels/k_\w+\.py is not the file that was saved"),
+    (lambda a: _flip_last_byte(next((a / "kernels" / "numba").glob("*.nbi"))),
+     r"kernels/numba/.*\.nbi is not the file that was saved"),
+    (lambda a: (a / "program.json").unlink(), r"program\.json is missing"),
+    (lambda a: (a / "manifest.json").write_text((a / "manifest.json").read_text()[:200]),
+     r"manifest\.json is damaged or truncated"),
+    (lambda a: (a / "manifest.json").write_text(
+        (a / "manifest.json").read_text().replace('"format_version": 1', '"format_version": 9')),
+     r"artifact format version 9 .* reads version 1"),
+])
+def test_a_tampered_or_truncated_artifact_is_refused_with_one_clear_line(saved, tmp_path, damage,
+                                                                         message):
+    copy = _copy(saved, tmp_path)
+    damage(copy)
+    with pytest.raises(ef.ArtifactError, match=message) as caught:
+        ef.load(copy)
+    assert "\n" not in str(caught.value)
+
+
+def _foreign(saved, tmp_path) -> Path:
+    """The Numba artifact as if saved with another Numba."""
+    copy = _copy(saved, tmp_path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["environment"]["numba"] = "0.1.0"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_an_artifact_from_another_numba_is_recompiled_with_a_warning_or_refused(saved, tmp_path):
+    copy = _foreign(saved, tmp_path)
+    with pytest.warns(ef.ArtifactWarning, match=r"compiled for Numba 0\.1\.0 \(this is .*\): "
+                                                r"compiling them again"):
+        program = ef.load(copy)
+    _, feeds, want = saved["numba"]
+    _assert_bit_for_bit(program.run(feeds), want)
+    with pytest.raises(ef.ArtifactError, match=r"compiled for Numba 0\.1\.0.*recompile=True"):
+        ef.load(copy, recompile=False)
+
+
+def test_save_never_overwrites_without_force_nor_the_model(saved, tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(_model(np.random.default_rng(1)).SerializeToString())
+    compiled = ef.compile(model)
+    target = compiled.save(tmp_path / "a.eqsat")
+    with pytest.raises(ef.ArtifactError, match=r"already exists; pass force=True"):
+        compiled.save(target)
+    (target / "constants" / "0.npy").write_bytes(b"damaged")
+    compiled.save(target, force=True)                     # an artifact is replaced with force
+    assert ef.load(target).run(_feeds(compiled)).keys() == {"y", "m"}
+    with pytest.raises(ef.ArtifactError, match="refusing to overwrite the input model"):
+        compiled.save(model, force=True)
+    with pytest.raises(ef.ArtifactError, match="refusing to overwrite the input model"):
+        compiled.save(tmp_path, force=True)               # the folder that holds the model
+    other = tmp_path / "notes"
+    other.mkdir()
+    with pytest.raises(ef.ArtifactError, match="not an eqsat-fuse artifact; refusing"):
+        compiled.save(other, force=True)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temp left
+
+
+def test_a_loaded_program_says_verify_needs_the_model(saved):
+    program = ef.load(saved["numpy"][0])
+    assert program.outputs["y"].shape == (1, 10)
+    with pytest.raises(ef.EqsatFuseError, match="verify needs the ONNX model"):
+        program.verify()
+
+
+def test_cli_optimize_save_then_run_the_artifact(tmp_path, capsys):
+    model = MODELS_DIR / "resnet_tiny_op17.onnx"
+    folder = tmp_path / "resnet.eqsat"
+    assert main(["optimize", str(model), "--save", str(folder), "--quiet"]) == 0
+    assert f"wrote the compiled program to {folder}" in capsys.readouterr().out
+    program = ef.load(folder)
+    feeds = _feeds(program)
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    assert main(["run", str(folder), "--inputs", str(tmp_path / "feeds.npz"),
+                 "-o", str(tmp_path / "out.npz")]) == 0
+    with np.load(tmp_path / "out.npz") as data:
+        _assert_bit_for_bit({name: data[name] for name in data.files}, program.run(feeds))
+    assert main(["optimize", str(model), "--save", str(folder), "--quiet"]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert main(["run", str(folder), "--inputs", str(tmp_path / "feeds.npz"),
+                 "--backend", "numba"]) == 2
+    assert "is a saved artifact, already compiled: --backend does not apply" \
+        in capsys.readouterr().err
+    _flip_last_byte(folder / "program.json")
+    assert main(["run", str(folder), "--inputs", str(tmp_path / "feeds.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eqsat-fuse: error: ") and err.count("\n") == 1
+    assert "program.json is not the file that was saved" in err
+
+
+def test_cli_run_prints_a_foreign_artifacts_warning_in_one_line(saved, tmp_path, capsys):
+    copy = _foreign(saved, tmp_path)
+    np.savez(tmp_path / "feeds.npz", **saved["numba"][1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                # none escapes as a Python warning
+        assert main(["run", str(copy), "--inputs", str(tmp_path / "feeds.npz")]) == 0
+    err = capsys.readouterr().err
+    assert "[eqsat-fuse] warning: " in err and "compiling them again" in err
