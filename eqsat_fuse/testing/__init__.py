@@ -18,6 +18,9 @@ comes from the Hypothesis draw, so a failing case is replayed and shrunk like an
 prints as `onnx.printer` text (which `onnx.parser.parse_model` reads back); `case.save(folder)`
 writes `model.onnx` and `feeds.npz` to replay it elsewhere. The narrower strategies
 `elementwise_chains`, `conv_blocks` and `matmul_blocks` aim at one kind of fusion each.
+`edge_graphs` (edges.py) is the other end: small graphs whose feeds and constants hold NaN,
++-inf, -0.0, subnormals and values near overflow, checked by `check_edge_case` in NaN,
+infinity and signed-zero pattern against onnxruntime (see edges.py for what it draws).
 
 What the graphs contain (over many draws):
 
@@ -55,12 +58,13 @@ Requires `hypothesis` (a test dependency of eqsat-fuse).
 The package, one job per module: case.py (`GraphCase`, `model_text`), values.py (the limits,
 the op sets and the values the builder tracks), builder.py (the builder's core: drawing,
 emitting, picking, taming, driving), the op families mixed into it (elementwise.py,
-contractions.py, rows.py, views.py), strategies.py (the public strategies) and
-differential.py (`check_case`).
+contractions.py, rows.py, views.py), strategies.py (the public strategies),
+differential.py (`check_case`) and edges.py (`edge_graphs`, `check_edge_case`).
 """
 
 from .case import GraphCase, model_text
 from .differential import check_case
+from .edges import check_edge_case, edge_graphs, ieee_mismatch
 from .strategies import conv_blocks, elementwise_chains, matmul_blocks, onnx_graphs
 from .values import ELEMENTWISE_OPS, GENERATED_OPS
 
@@ -71,6 +75,9 @@ __all__ = [
     "conv_blocks",
     "matmul_blocks",
     "check_case",
+    "edge_graphs",
+    "check_edge_case",
+    "ieee_mismatch",
     "model_text",
     "GENERATED_OPS",
     "ELEMENTWISE_OPS",
