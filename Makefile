@@ -19,7 +19,7 @@ test-slow: $(STAMP)
 
 # Random ONNX graphs against onnxruntime: FUZZ_EXAMPLES per backend (default 2000).
 fuzz: $(STAMP)
-	$(PYTHON) -m pytest -q -m fuzz tests/test_fuzz_graphs.py
+	$(PYTHON) -m pytest -q -s -m fuzz tests/test_fuzz_graphs.py tests/test_fuzz_edges.py
 
 # rules/generated.egg from the operator table (eqsat_fuse/ops.py); a test checks it is current.
 rules: $(STAMP)
