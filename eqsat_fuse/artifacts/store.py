@@ -238,6 +238,7 @@ def read_artifact(path: str | Path, threads: int | None = None, recompile: bool 
     except (ValueError, KeyError, TypeError) as why:
         raise ArtifactError(f"{path}: {PROGRAM} is not one this eqsat-fuse reads ({why!r})") \
             from None
+    read = time.perf_counter() - started
     problems = []
     if lowering.get("backend") == "numba":
         problems = kernels.mismatches(manifest.get("environment"))
@@ -257,7 +258,11 @@ def read_artifact(path: str | Path, threads: int | None = None, recompile: bool 
     _check_program(path, document, program, strict, problems)
     report = _report(document["report"], path)
     report.backend_report = program.report.as_dict()
-    report.timings = dict(report.timings, load=time.perf_counter() - started)
+    total = time.perf_counter() - started
+    # the compile's stage timings, then the load's: reading and checking the files (the
+    # weights, mostly), lowering (code generation, Numba's cache), and the whole load
+    report.timings = {**report.timings, "load-read": read, "load-lower": total - read,
+                      "load": total}
     report.notes = [*report.notes, f"loaded from the artifact {path} (saved "
                     f"{manifest.get('created')} by eqsat-fuse {manifest.get('eqsat_fuse')})"]
     return Loaded(program, report, int(lowering["opset"]))
