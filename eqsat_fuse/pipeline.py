@@ -145,7 +145,8 @@ class Compiled:
                                  f"saved artifact, which holds the compiled program only")
 
 
-def load(path: str | Path, threads: int | None = None, recompile: bool = True) -> Compiled:
+def load(path: str | Path, threads: int | None = None, recompile: bool = True,
+         saved_kernels: bool = True) -> Compiled:
     """Load an artifact written by `Compiled.save`: no saturation, no extraction, and on a
     machine of the same CPU with the same eqsat-fuse, Numba and Python no JIT.
 
@@ -153,10 +154,13 @@ def load(path: str | Path, threads: int | None = None, recompile: bool = True) -
     compiled again). An artifact made elsewhere (another CPU or version) has its kernels
     compiled again from the stored plan with an `ArtifactWarning`, or, with
     `recompile=False`, is refused with an `ArtifactError`; so is one that was tampered with
-    or truncated (docs/artifacts.md)."""
+    or truncated. `saved_kernels=False` compiles the kernels from the stored plan and reads
+    none of the artifact's Numba cache files, which hold machine code: for an artifact from
+    someone you do not trust (docs/artifacts.md)."""
     from .artifacts import read_artifact
 
-    loaded = read_artifact(path, threads=threads, recompile=recompile)
+    loaded = read_artifact(path, threads=threads, recompile=recompile,
+                           saved_kernels=saved_kernels)
     return Compiled(loaded.program, loaded.report, None, opset=loaded.opset)
 
 

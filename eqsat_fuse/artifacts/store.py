@@ -221,11 +221,13 @@ def _report_data(report: Report) -> dict[str, Any]:
 
 # ---- reading -------------------------------------------------------------------------------------
 
-def read_artifact(path: str | Path, threads: int | None = None, recompile: bool = True
-                  ) -> Loaded:
+def read_artifact(path: str | Path, threads: int | None = None, recompile: bool = True,
+                  saved_kernels: bool = True) -> Loaded:
     """The program saved at `path`, checked and lowered again (module doc); `threads` overrides
     the saved setting; a machine or version the kernels were not compiled for recompiles them
-    with an `ArtifactWarning`, or with `recompile=False` raises an `ArtifactError`."""
+    with an `ArtifactWarning`, or with `recompile=False` raises an `ArtifactError`.
+    `saved_kernels=False` compiles the kernels from the plan and hands Numba none of the
+    artifact's cache files (pickles and machine code): for an artifact from elsewhere."""
     started = time.perf_counter()
     path = Path(path)
     manifest = _read_manifest(path)
@@ -252,7 +254,9 @@ def read_artifact(path: str | Path, threads: int | None = None, recompile: bool 
     cached = {rel: data for rel, data in contents.items()
               if rel.startswith(f"kernels/{kernels.NUMBA_FOLDER}/")}
     program = _lower(document, constants, None, _threads(path, lowering, threads),
-                     {} if problems else cached, plan)
+                     cached if saved_kernels and not problems else {}, plan)
+    if not saved_kernels:
+        problems = [*problems, "saved_kernels=False"]     # compiles are expected, not warned
     strict = not problems and manifest.get("eqsat_fuse") == __version__ \
         and program.threads == int(lowering["threads"])
     _check_program(path, document, program, strict, problems)
