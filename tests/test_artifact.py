@@ -177,6 +177,19 @@ def test_an_artifact_from_another_numba_is_recompiled_with_a_warning_or_refused(
         ef.load(copy, recompile=False)
 
 
+def test_saved_kernels_false_hands_numba_no_file_of_the_artifact(saved, monkeypatch):
+    from eqsat_fuse.artifacts import store
+
+    def refuse(*args):
+        raise AssertionError("a cache file of the artifact was placed for Numba")
+
+    monkeypatch.setattr(store.kernels, "place", refuse)
+    folder, feeds, want = saved["numba"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                # compiling is asked for: no warning
+        _assert_bit_for_bit(ef.load(folder, saved_kernels=False).run(feeds), want)
+
+
 def test_save_never_overwrites_without_force_nor_the_model(saved, tmp_path):
     model = tmp_path / "m.onnx"
     model.write_bytes(_model(np.random.default_rng(1)).SerializeToString())
