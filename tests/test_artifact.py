@@ -211,6 +211,15 @@ def test_save_never_overwrites_without_force_nor_the_model(saved, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temp left
 
 
+def test_a_loaded_program_saves_again_with_the_same_kernels(saved, tmp_path):
+    folder, feeds, want = saved["numba"]
+    again = ef.load(folder).save(tmp_path / "again.eqsat")
+    _assert_bit_for_bit(ef.load(again).run(feeds), want)
+    files = [json.loads((f / "manifest.json").read_text())["files"] for f in (folder, again)]
+    assert {k: v for k, v in files[1].items() if k.startswith("kernels/")} == \
+        {k: v for k, v in files[0].items() if k.startswith("kernels/")}
+
+
 def test_a_loaded_program_says_verify_needs_the_model(saved):
     program = ef.load(saved["numpy"][0])
     assert program.outputs["y"].shape == (1, 10)

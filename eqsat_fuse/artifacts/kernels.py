@@ -18,6 +18,7 @@ Numba keeps its cache files.
 
 from __future__ import annotations
 
+import atexit
 import platform
 import shutil
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..errors import ArtifactError
 
 NUMBA_FOLDER = "numba"          # inside the artifact's kernels/: Numba's cache files
 
@@ -93,6 +95,10 @@ def collect(scratch: Path) -> dict[str, Path]:
     files: dict[str, Path] = {}
     for source in sorted(scratch.glob("*.py")):
         origin = module_origin(source.name) or source
+        if not origin.exists():
+            raise ArtifactError(f"cannot save the kernels: {origin}, the module this process "
+                                f"loaded kernel {source.stem} from, is gone (was the kernel "
+                                f"folder deleted?); compile the model again")
         files[source.name] = source
         stem = source.stem + "."
         for cached in sorted(cache_folder(origin).glob(stem + "*")):
@@ -118,9 +124,10 @@ def place(files: dict[str, bytes], folder: Path) -> Path:
     return target
 
 
-def remove(folder: Path, cache: Path | None) -> None:
-    """Delete a load's private kernel folder and Numba's cache folder for it (the modules stay
-    loaded; nothing reads the files again)."""
+def remove_at_exit(folder: Path, cache: Path | None) -> None:
+    """Delete a load's private kernel folder and Numba's cache folder for it when the process
+    ends: until then the loaded modules' files stay where this process loaded them from, so
+    a loaded program can be saved again (`collect` copies them)."""
     for path in (cache, folder):
         if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
+            atexit.register(shutil.rmtree, path, ignore_errors=True)

@@ -382,7 +382,7 @@ def _lower(document: dict, constants: dict[str, np.ndarray], folder: Path | None
            threads: int | None, cached: dict[str, bytes] | None = None, plan=None) -> Program:
     """Lower the stored plan as the artifact says (backend, opset, storage dtype, numerics),
     the Numba kernels generated into `folder` (a private temporary one when None, with the
-    `cached` Numba files placed for them and deleted afterwards)."""
+    `cached` Numba files placed for them, deleted when the process ends)."""
     lowering = document["lowering"]
     if plan is None:
         plan = plan_from_json(document["plan"], constants)
@@ -398,7 +398,7 @@ def _lower(document: dict, constants: dict[str, np.ndarray], folder: Path | None
                         threads=threads, reuse_inline=False, numerics=lowering["numerics"])
     finally:
         if own:
-            kernels.remove(folder, cache)
+            kernels.remove_at_exit(folder, cache)
     program.report.removed_kernels = int(lowering.get("removed_kernels", 0))
     return program
 
