@@ -62,6 +62,8 @@ class Graph:
     opaque_ops: list[str] = field(default_factory=list)   # ONNX op types kept as opaque kernels
     onnx_nodes: int = 0             # nodes in the file (before opset conversion, dead-code removal)
     nodes_added_by_conversion: int = 0   # nodes the opset upgrade added (or removed, if < 0)
+    # seconds per import step: read, check, convert, infer (shape inference), fold, normalize
+    import_seconds: dict[str, float] = field(default_factory=dict)
 
 
 # ---- kernels -----------------------------------------------------------------------------------

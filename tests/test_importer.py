@@ -299,3 +299,66 @@ def test_ceil_mode_pool_drops_a_last_window_that_starts_in_the_padding(op, decla
     compiled = ef.compile(model)
     assert [k.ops for k in compiled.report.kernels] == [[op]]
     assert compiled.verify().ok
+
+
+# ---- weights held aside while ONNX's passes run (a weightless copy of the model) ------------------
+
+def _weighty_model(rng, opset=9):
+    """x @ w + c, reshaped: a 16 KiB weight, a 2 KiB Constant node, a small shape initializer."""
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    c = rng.standard_normal((8, 64)).astype(np.float32)
+    nodes = [helper.make_node("Constant", [], ["c"], value=onnx.numpy_helper.from_array(c)),
+             helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Add", ["h", "c"], ["s"]),
+             helper.make_node("Reshape", ["s", "shape"], ["y"])]
+    model = make_model(nodes, [("x", [8, 64])], [("y", [4, 128])],
+                       {"w": w, "shape": np.array([4, 128], np.int64)}, opset=opset)
+    return model, w, c
+
+
+@pytest.mark.parametrize("opset", [9, 17])
+def test_big_weights_come_back_by_name_and_the_program_computes_with_them(rng, opset):
+    model, w, c = _weighty_model(rng, opset)
+    before = model.SerializeToString()
+    graph = import_model(model)
+    np.testing.assert_array_equal(graph.initializers["w"], w)
+    np.testing.assert_array_equal(graph.initializers["c"], c)
+    assert graph.values["y"].shape == (4, 128)
+    assert model.SerializeToString() == before          # the caller's model is left as it was
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    y = ef.compile(model).run({"x": x})["y"]
+    np.testing.assert_allclose(y, (x @ w + c).reshape(4, 128), rtol=1e-5, atol=1e-5)
+
+
+def test_a_big_weight_saved_as_external_data_comes_back(rng, tmp_path):
+    model, w, _ = _weighty_model(rng, 17)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="w.bin", size_threshold=0)
+    graph = import_model(path)
+    np.testing.assert_array_equal(graph.initializers["w"], w)
+    assert graph.values["y"].shape == (4, 128)   # Reshape's shape, small, read from its file too
+
+
+def test_a_big_folded_value_stays_exact(rng):
+    # Transpose of a weight is folded at import; its 16 KiB result is held aside like a weight
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"]),
+             helper.make_node("MatMul", ["x", "wt"], ["y"])]
+    graph = import_model(make_model(nodes, [("x", [2, 64])], [("y", [2, 64])], {"w": w}))
+    assert [n.op for n in graph.nodes] == ["MatMul"]
+    np.testing.assert_array_equal(graph.initializers["wt"], w.T)
+
+
+def test_a_big_weight_whose_data_is_too_short_is_refused_in_one_line(rng):
+    model, _, _ = _weighty_model(rng, 17)
+    tensor = next(t for t in model.graph.initializer if t.name == "w")
+    tensor.raw_data = tensor.raw_data[:100]
+    with pytest.raises(ef.ModelError, match=r"tensor 'w': raw_data size \(100 bytes\) is too small "
+                                            r"for its shape \[64, 64\] \(float32, 16384 bytes\)"):
+        import_model(model)
+
+
+def test_the_graph_keeps_the_seconds_of_each_import_step():
+    graph = import_model(MODELS_DIR / "bert_tiny_op9.onnx")
+    assert set(graph.import_seconds) == {"read", "check", "convert", "infer", "fold", "normalize"}
+    assert all(s >= 0 for s in graph.import_seconds.values())

@@ -1,10 +1,13 @@
 """Step 4 of import, the folding: nodes whose inputs are all constant (or `Shape` of a value
 whose shape is static) are evaluated once with `onnx.reference`, until ONNX shape inference can
-give every value a static shape; nothing too big is allocated."""
+give every value a static shape; nothing too big is allocated. The model is the weightless
+copy (`protos`): the values of the tensors held aside are in `held`, and a big folded value
+joins them there."""
 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import onnx
@@ -13,7 +16,7 @@ from onnx import helper, numpy_helper
 from ..backends.reference import run_node
 from ..errors import ModelError
 from ..ir import TensorInfo
-from .protos import _attrs
+from .protos import _attrs, held_or_tensor, is_held
 from .shapes import _infer, _static_shapes
 
 # Nodes that must never be evaluated at import even when their inputs are constant.
@@ -24,11 +27,11 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
 MAX_FOLDED_BYTES = 1 << 30
 
 
-def _constant_node_value(node: onnx.NodeProto) -> np.ndarray:
+def _constant_node_value(node: onnx.NodeProto, held: dict[str, np.ndarray]) -> np.ndarray:
     attr = node.attribute[0]
     kind = attr.name
     if kind == "value":
-        return numpy_helper.to_array(attr.t)
+        return held[node.output[0]] if is_held(attr.t) else numpy_helper.to_array(attr.t)
     if kind == "value_float":
         return np.array(attr.f, dtype=np.float32)
     if kind == "value_floats":
@@ -40,21 +43,25 @@ def _constant_node_value(node: onnx.NodeProto) -> np.ndarray:
     raise ModelError(f"Constant node {node.name!r}: attribute {kind!r} is not supported")
 
 
-def _fold_shape_computations(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
+def _fold_shape_computations(proto: onnx.ModelProto, name: str, held: dict[str, np.ndarray],
+                             seconds: dict[str, float]) -> onnx.ModelProto:
     """Evaluate, once, every node whose inputs are all known at compile time, until shapes settle.
 
     Constant nodes become initializers; `Shape` of a statically shaped value becomes its shape.
-    The evaluation runs the original ONNX nodes through `onnx.reference`.
+    The evaluation runs the original ONNX nodes through `onnx.reference`. The time spent in
+    shape inference is added to `seconds["infer"]`.
     """
     for _ in range(20):
-        proto = _infer(proto, name)
+        proto = _timed_infer(proto, name, seconds)
         graph = proto.graph
         infos = _static_shapes(proto)
-        known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        known: dict[str, np.ndarray] = {
+            t.name: held[t.name] if is_held(t) else numpy_helper.to_array(t)
+            for t in graph.initializer}
         graph_outputs = {o.name for o in graph.output}
-        folded_nodes: list[onnx.NodeProto] = []
+        folded: set[int] = set()                 # indices of the nodes folded away
         new_values: dict[str, np.ndarray] = {}
-        for node in graph.node:
+        for index, node in enumerate(graph.node):
             if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC:
                 continue
             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -63,7 +70,7 @@ def _fold_shape_computations(proto: onnx.ModelProto, name: str) -> onnx.ModelPro
             if node.op_type == "Constant":
                 if node.output[0] in graph_outputs:
                     continue   # an output computed from constants alone: kept as a node
-                new_values[node.output[0]] = _constant_node_value(node)
+                new_values[node.output[0]] = _constant_node_value(node, held)
             elif node.op_type == "Shape" and node.input[0] in infos:
                 dims = np.array(infos[node.input[0]].shape, dtype=np.int64)
                 attrs = {a.name: a.i for a in node.attribute}
@@ -88,22 +95,31 @@ def _fold_shape_computations(proto: onnx.ModelProto, name: str) -> onnx.ModelPro
                 new_values.update((o, v) for o, v in zip(node.output, outputs) if o)
             else:
                 continue
-            folded_nodes.append(node)
-        if not folded_nodes:
+            folded.add(index)
+        if not folded:
             return proto
-        keep = [n for n in graph.node if all(n is not f for f in folded_nodes)]
+        keep = [n for i, n in enumerate(graph.node) if i not in folded]
         del graph.node[:]
         graph.node.extend(keep)
         for value_name, array in new_values.items():
             if value_name in graph_outputs:
                 # An output computed from constants alone stays an output: keep it as a node.
-                tensor = numpy_helper.from_array(np.asarray(array))
+                tensor = held_or_tensor(array, value_name, held)
                 graph.node.append(helper.make_node("Constant", [], [value_name], value=tensor))
                 continue
-            graph.initializer.append(numpy_helper.from_array(np.asarray(array), value_name))
+            graph.initializer.append(held_or_tensor(array, value_name, held))
         # value_info from the last inference may be stale for the folded values: drop it all
         del graph.value_info[:]
-    return _infer(proto, name)
+    return _timed_infer(proto, name, seconds)
+
+
+def _timed_infer(proto: onnx.ModelProto, name: str, seconds: dict[str, float]
+                 ) -> onnx.ModelProto:
+    start = time.perf_counter()
+    try:
+        return _infer(proto, name)
+    finally:
+        seconds["infer"] = seconds.get("infer", 0.0) + time.perf_counter() - start
 
 
 def _refuse_huge_fold(node: onnx.NodeProto, inputs: list, infos: dict[str, TensorInfo],

@@ -2,7 +2,8 @@
 
 What happens, in order:
 1. read the file (external data only from inside the model's folder; never for a model given
-   in memory), refuse cycles, undefined values and nodes that overwrite inputs, run the checker;
+   in memory), hold its big tensors aside, refuse cycles, undefined values and nodes that
+   overwrite inputs, run the checker;
 2. upgrade the default-domain opset to `CANONICAL_OPSET` with onnx's version converter;
 3. fix the input shapes (from the file or from `input_shapes=`) and refuse symbolic dims;
 4. fold the shape computations: nodes whose inputs are all constant (or `Shape` of a value whose
@@ -15,6 +16,11 @@ What happens, in order:
 6. drop the nodes no graph output depends on, and refuse a remaining Opaque node that
    `onnx.reference` cannot run alone (other domains, control flow).
 
+Steps 1 to 4 run ONNX's checker, version converter and shape inference on a weightless copy
+of the model, each of which would otherwise serialize every weight (`protos` says how the
+tensors are held aside); the weights join the graph again, by name, in step 5. The time of
+each step is kept in `Graph.import_seconds`.
+
 Nothing big is allocated before its size is checked: declared shapes (`MAX_TENSOR_BYTES`) and
 values folded at import (`MAX_FOLDED_BYTES`). docs/reliability.md lists every refusal.
 
@@ -24,8 +30,11 @@ and normalize.py (5); this module is the stage: it runs them in order (step 2 an
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -33,7 +42,7 @@ from ..errors import ModelError
 from ..ir import Graph, Node, TensorInfo
 from .folding import MAX_FOLDED_BYTES, _constant_node_value, _fold_shape_computations
 from .normalize import FAN_IN, MAX_INPUTS, _Context, _normalize, _split_wide
-from .protos import _copy
+from .protos import is_held
 from .reading import _check_topology, _read
 from .shapes import (MAX_TENSOR_BYTES, _refuse_huge, _require_static, _resize_error,
                      _set_input_shapes, _static_shapes, with_input_shapes)
@@ -94,13 +103,44 @@ def import_model(model: str | Path | onnx.ModelProto,
                          f"machine)") from None
 
 
+@contextmanager
+def _timed(seconds: dict[str, float], step: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[step] = seconds.get(step, 0.0) + time.perf_counter() - start
+
+
 def _import_model(model: str | Path | onnx.ModelProto,
                   input_shapes: dict[str, tuple[int, ...]] | None) -> Graph:
-    proto, name = _read(model)
-    proto = _copy(proto)
-    source_opset = _default_opset(proto, name)
-    _check_topology(proto, name)
-    resized = _set_input_shapes(proto, input_shapes, name)    # before the checker wants shapes
+    seconds: dict[str, float] = {}
+    with _timed(seconds, "read"):
+        proto, held, name = _read(model)
+    with _timed(seconds, "check"):
+        source_opset = _default_opset(proto, name)
+        _check_topology(proto, name)
+        resized = _set_input_shapes(proto, input_shapes, name)  # before the checker wants shapes
+        _check(proto, name)
+    file_nodes = len(proto.graph.node)
+    with _timed(seconds, "convert"):
+        proto = _to_canonical(proto, source_opset, name)
+    # The opset the nodes now follow: CANONICAL_OPSET, or a newer one that could not be taken
+    # down (Opaque nodes must then run under it, e.g. Cast's round_mode exists from opset 24).
+    opset = max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    try:
+        graph = _static_graph(proto, held, name, opset, source_opset, file_nodes, seconds)
+    except ModelError as exc:
+        if not resized:
+            raise
+        raise _resize_error(resized, exc, name) from None
+    graph.nodes_added_by_conversion = len(proto.graph.node) - file_nodes
+    graph.import_seconds = seconds
+    return graph
+
+
+def _check(proto: onnx.ModelProto, name: str) -> None:
+    """The ONNX checker, on the weightless model (`reading` checked the held tensors' sizes)."""
     for vo in proto.graph.output:
         if vo.type.HasField("tensor_type") and not vo.type.tensor_type.HasField("shape"):
             raise ModelError(f"{name}: graph output {vo.name!r} declares no shape, not even "
@@ -110,32 +150,23 @@ def _import_model(model: str | Path | onnx.ModelProto,
     except Exception as exc:
         raise ModelError(f"{name}: the ONNX checker rejects the model: "
                          f"{str(exc).strip().splitlines()[0]}") from None
-    file_nodes = len(proto.graph.node)
-    proto = _to_canonical(proto, source_opset, name)
-    # The opset the nodes now follow: CANONICAL_OPSET, or a newer one that could not be taken
-    # down (Opaque nodes must then run under it, e.g. Cast's round_mode exists from opset 24).
-    opset = max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-    try:
-        graph = _static_graph(proto, name, opset, source_opset, file_nodes)
-    except ModelError as exc:
-        if not resized:
-            raise
-        raise _resize_error(resized, exc, name) from None
-    graph.nodes_added_by_conversion = len(proto.graph.node) - file_nodes
-    return graph
 
 
-def _static_graph(proto: onnx.ModelProto, name: str, opset: int, source_opset: int,
-                  onnx_nodes: int) -> Graph:
-    """Steps 4 to 6 on a model whose input shapes are set: fold, normalize, drop dead nodes."""
-    proto = _fold_shape_computations(proto, name)
+def _static_graph(proto: onnx.ModelProto, held: dict[str, np.ndarray], name: str, opset: int,
+                  source_opset: int, onnx_nodes: int, seconds: dict[str, float]) -> Graph:
+    """Steps 4 to 6 on a model whose input shapes are set: fold, normalize, drop dead nodes.
+    The values of the tensors held aside come back here, from `held`, by name."""
+    start = time.perf_counter()
+    proto = _fold_shape_computations(proto, name, held, seconds)
+    seconds["fold"] = time.perf_counter() - start - seconds.get("infer", 0.0)
     graph = proto.graph
 
     infos = _static_shapes(proto)
-    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    initializers = {t.name: held[t.name] if is_held(t) else numpy_helper.to_array(t)
+                    for t in graph.initializer}
     for node in graph.node:   # outputs folded to Constant nodes
         if node.op_type == "Constant":
-            initializers[node.output[0]] = _constant_node_value(node)
+            initializers[node.output[0]] = _constant_node_value(node, held)
             infos[node.output[0]] = TensorInfo(initializers[node.output[0]].shape,
                                                initializers[node.output[0]].dtype.name)
     inputs = [vi.name for vi in graph.input if vi.name not in initializers]
@@ -160,6 +191,7 @@ def _static_graph(proto: onnx.ModelProto, name: str, opset: int, source_opset: i
         if node.op == "Opaque":
             _check_runnable(node.onnx_node, name)
     used = {i for n in nodes for i in n.inputs if i} | set(outputs)
+    seconds["normalize"] = time.perf_counter() - start - seconds["fold"] - seconds["infer"]
     return Graph(
         name=name, nodes=nodes,
         values={v: infos[v] for v in used | set(inputs) | {o for n in nodes for o in n.outputs}

@@ -1,23 +1,37 @@
 """Step 1 of import: read the file (external data only from inside the model's folder; never
-for a model given in memory), inline eqsat-fuse's own exported kernels (local functions of
-domain `eqsat_fuse`), and refuse cycles, undefined values and nodes that overwrite inputs,
-putting the nodes in topological order."""
+for a model given in memory), hold the big tensors aside (the checker, the version converter
+and shape inference then run on a weightless copy: see `protos`), inline eqsat-fuse's own
+exported kernels (local functions of domain `eqsat_fuse`), and refuse cycles, undefined values
+and nodes that overwrite inputs, putting the nodes in topological order."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import inliner
+from onnx import helper, inliner, numpy_helper
 
 from ..errors import ModelError
-from .protos import all_tensors
+from .protos import HELD_BYTES, all_tensors, copy_fields, declaration
 
 EXPORT_DOMAIN = "eqsat_fuse"     # the domain of the fused kernels `Compiled.to_onnx` writes
 
+# Element types whose data is a plain array of fixed-size elements, so that its byte size
+# follows from its dims (packed 4-bit and 2-bit types, strings and float8s stay in the copy,
+# where the checker judges them).
+_PLAIN = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+          onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8, onnx.TensorProto.INT16,
+          onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT8,
+          onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
+          onnx.TensorProto.BOOL, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128}
 
-def _read(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
-    """Load the ModelProto and name it for messages; external data only from the model's folder."""
+
+def _read(model: str | Path | onnx.ModelProto
+          ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], str]:
+    """The model without its big tensors, their values by name, and the model's name for
+    messages. External data only from the model's folder; the caller's ModelProto is not
+    modified (the weightless copy is the import's own)."""
     if isinstance(model, onnx.ModelProto):
         name = model.graph.name or "<model>"
         for tensor in all_tensors(model):
@@ -26,7 +40,8 @@ def _read(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
                                  f"file, and a model given in memory has no folder to read it "
                                  f"from; pass the model's path instead (its data is then read "
                                  f"from its folder only)")
-        return inline_functions(model), name
+        skeleton, held = _weightless(model, "", name)
+        return inline_functions(skeleton), held, name
     path = Path(model)
     if not path.exists():
         raise ModelError(f"{path}: no such file")
@@ -40,10 +55,89 @@ def _read(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     except Exception as exc:  # protobuf raises DecodeError and friends
         raise ModelError(f"{path}: not an ONNX model (protobuf could not parse it: {exc})"
                          ) from None
+    del data
     if not proto.graph.node and not proto.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph in the file)")
-    _load_external_data(proto, path)
-    return inline_functions(proto), str(path)
+    _check_external_data(proto, path)
+    skeleton, held = _weightless(proto, str(path.resolve().parent), str(path))
+    return inline_functions(skeleton), held, str(path)
+
+
+def _weightless(proto: onnx.ModelProto, base_dir: str, name: str
+                ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A copy of `proto` whose tensors of more than `HELD_BYTES` (initializers and Constant
+    values) are declarations, and their values: by initializer name, or by the output of the
+    Constant node. Weights are never deep-copied as protos: each is read once, into its array
+    (a view of its bytes). Small tensors stored externally are loaded into the copy."""
+    held: dict[str, np.ndarray] = {}
+    skeleton = onnx.ModelProto()
+    try:
+        copy_fields(proto, skeleton, skip=("graph",))
+        copy_fields(proto.graph, skeleton.graph, skip=("initializer",))
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"{name}: a text field of the model is not valid UTF-8 ({exc.reason})"
+                         ) from None
+    for tensor in proto.graph.initializer:
+        skeleton.graph.initializer.append(_held_or_kept(tensor, tensor.name, held, base_dir,
+                                                        name))
+    for node, copy in zip(proto.graph.node, skeleton.graph.node):  # Constant values, mostly
+        for attr, kept in zip(node.attribute, copy.attribute):
+            if attr.type != onnx.AttributeProto.TENSOR:
+                continue
+            if node.op_type == "Constant" and node.output:
+                tensor = _held_or_kept(attr.t, node.output[0], held, base_dir, name)
+            else:            # another node's tensor attribute: its data stays with the node
+                tensor = _loaded(attr.t, base_dir, name)
+            if tensor is not attr.t:
+                kept.t.CopyFrom(tensor)
+    return skeleton, held
+
+
+def _held_or_kept(tensor: onnx.TensorProto, key: str, held: dict[str, np.ndarray],
+                  base_dir: str, name: str) -> onnx.TensorProto:
+    """The tensor for the weightless copy: a declaration with its value put in `held[key]`,
+    or (small, or of a type whose size the dims do not give) the tensor with its data."""
+    external = tensor.data_location == onnx.TensorProto.EXTERNAL
+    if tensor.data_type in _PLAIN and (external or tensor.HasField("raw_data")):
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+        if min(tensor.dims, default=1) >= 0 and count * dtype.itemsize > HELD_BYTES:
+            held[key] = _value(tensor, base_dir, count, dtype, name)
+            return declaration(tensor.name, tensor.data_type, tensor.dims)
+    return _loaded(tensor, base_dir, name)
+
+
+def _value(tensor: onnx.TensorProto, base_dir: str, count: int, dtype: np.dtype,
+           name: str) -> np.ndarray:
+    """The array of a tensor held aside, a view of its bytes, checked against its dims (the
+    checker, which sees only the declaration, no longer can)."""
+    expected = count * dtype.itemsize
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        try:
+            return numpy_helper.to_array(tensor, base_dir)
+        except Exception as exc:   # bounds (OSError, ValueError) or a size that is not its dims'
+            raise ModelError(f"{name}: could not load external tensor data: {exc} (tensor "
+                             f"{tensor.name!r}, shape {list(tensor.dims)}, {dtype.name}, "
+                             f"{expected} bytes)") from None
+    data = tensor.raw_data
+    if len(data) != expected:
+        raise ModelError(f"{name}: tensor {tensor.name!r}: raw_data size ({len(data)} bytes) is "
+                         f"too {'small' if len(data) < expected else 'large'} for its shape "
+                         f"{list(tensor.dims)} ({dtype.name}, {expected} bytes)")
+    return np.frombuffer(data, dtype=dtype.newbyteorder("<")).reshape(tuple(tensor.dims))
+
+
+def _loaded(tensor: onnx.TensorProto, base_dir: str, name: str) -> onnx.TensorProto:
+    """`tensor` itself, or, stored externally, a copy with its data read in."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return tensor
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    try:
+        onnx.external_data_helper.load_external_data_for_tensor(copy, base_dir)
+    except Exception as exc:
+        raise ModelError(f"{name}: could not load external tensor data: {exc}") from None
+    return copy
 
 
 def inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -70,8 +164,9 @@ def inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     return inlined
 
 
-def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
-    """Load tensors stored beside the model, refusing any location outside the model's folder."""
+def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """Refuse external data whose location is outside the model's folder, or missing there
+    (`_weightless` reads it)."""
     base = path.resolve().parent
     for tensor in all_tensors(proto):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -91,10 +186,6 @@ def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
         if not target.is_file():
             raise ModelError(f"{path}: tensor {tensor.name!r}: external data file {location!r} "
                              f"is missing")
-    try:
-        onnx.external_data_helper.load_external_data_for_model(proto, str(base))
-    except Exception as exc:
-        raise ModelError(f"{path}: could not load external tensor data: {exc}") from None
 
 
 def _check_topology(proto: onnx.ModelProto, name: str) -> None:
