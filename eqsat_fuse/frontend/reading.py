@@ -67,8 +67,9 @@ def _weightless(proto: onnx.ModelProto, base_dir: str, name: str
                 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A copy of `proto` whose tensors of more than `HELD_BYTES` (initializers and Constant
     values) are declarations, and their values: by initializer name, or by the output of the
-    Constant node. Weights are never deep-copied as protos: each is read once, into its array
-    (a view of its bytes). Small tensors stored externally are loaded into the copy."""
+    Constant node. Initializers are never deep-copied as protos: each big one is read once,
+    into its array (a view of its bytes); nodes are copied whole, then a big Constant value is
+    replaced by its declaration. Small tensors stored externally are loaded into the copy."""
     held: dict[str, np.ndarray] = {}
     skeleton = onnx.ModelProto()
     try:
