@@ -1,0 +1,27 @@
+"""Minimal cases the edge-value fuzzer (eqsat_fuse.testing.edge_graphs, tests/test_fuzz_edges.py)
+found, each on both backends against onnxruntime in NaN, infinity and signed-zero pattern.
+Open ones are strict xfails: they fail the suite (XPASS) once fixed; then drop the mark."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from eqsat_fuse.testing import GraphCase, check_edge_case
+
+_HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "a per-channel scale after Conv is folded into the weights: conv(x, w) * 0 becomes "
+    "conv(x, w * 0), a sum of zeros (+0), where the model gives -0 for a negative conv(x, w)"))
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_conv_times_zero_keeps_the_sign_of_zero(backend):
+    model = onnx.parser.parse_model(_HEADER + """
+        g (float[1,1,1,2] x) => (float[1,1,1,2] y) <float[1,1,1,1] w = {1}, float[1,1,1] z = {0}> {
+            c = Conv (x, w)
+            y = Mul (c, z) }""")
+    case = GraphCase(model, {"x": np.array([-2.0, 3.0], np.float32).reshape(1, 1, 1, 2)},
+                     "Conv * 0")
+    assert check_edge_case(case, backend=backend) == "ok"
