@@ -36,17 +36,13 @@ def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
-def _thread_count(text: str) -> int:
-    """`--threads N`: checked when the command line is read, not after a compile."""
-    from .threads import resolve
-
+def _thread_count(text: str) -> int | str:
+    """`--threads N` as given: a whole number, else the text itself; `main` checks it before
+    any command runs, so every wrong value is the same one line as `compile(threads=...)`'s."""
     try:
-        return resolve(int(text))
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"threads must be a whole number >= 1, got {text!r}") from None
-    except EqsatFuseError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
 
 
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
@@ -591,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "threads", None) is not None:
+            from .threads import resolve
+            resolve(args.threads)         # a wrong --threads: one line, before any compile
         code = args.func(args)
         sys.stdout.flush()            # a reader that has gone shows here, not at exit
         return code
