@@ -10,6 +10,7 @@ shape_generators.py; `generator_for` gives the one for an operator, any of them.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from ..ops import OPS
 from .patterns import Call, Var
 from .primitives import _Unsupported
-from .sample import _Reject, _Sample
+from .sample import _edge_values, _Reject, _Sample
 from .shape_generators import (_gen_concat, _gen_expand, _gen_flatten, _gen_gather, _gen_pad,
                                _gen_reshape, _gen_slice, _gen_split, _gen_squeeze,
                                _gen_transpose, _gen_unsqueeze)
@@ -35,8 +36,10 @@ def _eps(s: _Sample) -> float:
 
 
 # what a unary op's operand is drawn for: the op's `domain` in the operator table (positive for
-# Sqrt...), else the role asked of the op itself where the op passes it on, else any value
-_ROLE_PASSING = {"Mat", "Identity", "Dropout", "Relu", "Clip"}
+# Sqrt...), else the role asked of the op itself where the op is the identity on values, else any
+# value. A role is never pushed down through arithmetic (a Sqrt of x * x does not make x
+# positive), and only a fast rule's ordinary samples honour it (sample.py: `ASSUMPTIONS`).
+_ROLE_PASSING = {"Mat", "Identity", "Dropout"}
 
 # attribute drawers of the elementwise operators, one per attribute slot
 _UNARY_ATTRS: dict[str, list[Callable[[_Sample], Any]]] = {
@@ -96,10 +99,9 @@ def _cover(s, want, n: int, covered) -> list[tuple]:
 
 def _gen_broadcast(s, p, want, role, ranks):
     op, args = p.op, p.args
-    pr = "positive" if role == "positive" else "any"
-    roles = {"Add": (pr, pr), "Mul": (pr, pr), "Sub": ("any", "any"),
-             "Div": (pr, "positive" if role == "positive" else "nonzero"),
-             "Pow": ("positive", "exponent"), "Where": ("bool", pr, pr)}.get(op)
+    roles = {"Add": ("any", "any"), "Mul": ("any", "any"), "Sub": ("any", "any"),
+             "Div": ("any", "nonzero"), "Pow": ("positive", "exponent"),
+             "Where": ("bool", "any", "any")}.get(op)
     if roles is None:                    # another op of the table: its domain for every operand
         roles = (OPS[op].domain,) * len(args)
     if op == "Pow" and isinstance(args[1], Var):
@@ -522,17 +524,28 @@ def _gen_leaf(s, p, want, role, ranks):
             s.leaves[key] = s.tensor(var, s.fresh_shape(var, want, ranks), role)
         else:
             shape = want if want is not None else s.random_shape(ranks)
-            s.leaves[key] = s.array(shape, role)
+            s.leaves[key] = s.array(shape, role, f"({p.op} {name})")
     return s.leaves[key]
+
+
+@functools.lru_cache(maxsize=None)
+def _edge_tuple(dtype: str, family: str) -> tuple:
+    return tuple(float(v) for v in _edge_values(dtype, family))
 
 
 def _gen_scalar(s, p, want, role, ranks):
     def value():
-        if role == "positive":
-            return s.pick((1.0, 0.5, 2.0)) if s.coin() else s.f(0.05, 2.0)
-        if role == "nonzero":
+        if s.edges and s.coin():
+            dt = s.known(p.args[1])
+            dt = dt if dt in ("float16", "float32", "float64") else s.dtype.name
+            family = "bounded" if s.plan.contraction else "all"
+            return s.pick(_edge_tuple(dt, family))
+        if not s.exact and role in ("positive", "nonzero"):
+            s.assumed.add((str(p.args[0]), role))
+            if role == "positive":
+                return s.pick((1.0, 0.5, 2.0)) if s.coin() else s.f(0.05, 2.0)
             return s.pick((1.0, -1.0, 0.5, 2.0))
-        return s.pick((0.0, 1.0, -1.0, 0.5, 2.0)) if s.coin() else s.f(-2.0, 2.0)
+        return s.pick((0.0, -0.0, 1.0, -1.0, 0.5, 2.0)) if s.coin() else s.f(-2.0, 2.0)
     v = s.attr(p.args[0], value)
     dt = s.attr(p.args[1], lambda: s.dtype.name)
     return s.apply("Scalar", [], {"value": v, "dtype": dt})

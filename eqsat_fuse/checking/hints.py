@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .patterns import Call, Check, Eq, Lit, Pattern, Rule, Var, substitute, variables
-from .primitives import _PRIMS, _Unbound
+from .primitives import _PRIMS, VALUE_RELATIONS, _Unbound
 
 
 def _eval_closed(p: Pattern):
@@ -46,10 +46,12 @@ class _Hints:
     present: set = field(default_factory=set)                 # vars that cannot be Absent
     guards: dict[str, list] = field(default_factory=dict)     # var -> conditions mentioning it
     dtype: str | None = None
+    values: dict[str, str] = field(default_factory=dict)      # var -> value relation it meets
 
     def has(self, name: str) -> bool:
         return (name in self.rank or name in self.shape or name in self.dims
-                or name in self.fixed or name in self.splat or name in self.present)
+                or name in self.fixed or name in self.splat or name in self.present
+                or name in self.values)
 
 
 def _shape_of_var(p) -> str | None:
@@ -126,6 +128,10 @@ def _hints(conditions, slot_vars: set[str], tensor_vars: set[str],
         if target and (target[0] not in h.splat or h.splat[target[0]] is None):
             h.splat[target[0]] = target[1]
     for c in conditions:
+        if (isinstance(c, Check) and isinstance(c.expr, Call) and c.expr.op in VALUE_RELATIONS
+                and len(c.expr.args) == 1 and isinstance(c.expr.args[0], Var)):
+            h.values.setdefault(c.expr.args[0].name, c.expr.op)
+            h.present.add(c.expr.args[0].name)
         if isinstance(c, Check) and isinstance(c.expr, Call) and c.expr.op in absent_ok:
             if not absent_ok[c.expr.op]:
                 h.present.update(a.name for a in c.expr.args if isinstance(a, Var))

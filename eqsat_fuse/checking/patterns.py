@@ -19,7 +19,7 @@ right-hand side may also mention variables that only conditions bind (``dt`` in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Union
 
@@ -119,6 +119,7 @@ class Rule:
     asserts: tuple = ()
     unsupported: str | None = None
     source: str = ""
+    numerics: str = "exact"          # "fast": tagged `:numerics fast` (checked on ordinary values)
 
     @property
     def location(self) -> str:
@@ -202,10 +203,15 @@ class _Decls:
 
 def _read(path: Path) -> str:
     """The rule file's text, with its `:numerics fast` tags blanked out (`numerics.split_tags`)."""
+    return _read_tagged(path)[0]
+
+
+def _read_tagged(path: Path):
+    """The rule file's text with its tags blanked out, and the tags (`numerics.Tags`)."""
     from ..numerics import split_tags
 
     try:
-        return split_tags(path.read_text(), str(path))[0]
+        return split_tags(path.read_text(), str(path))
     except OSError as exc:
         raise RuleFileError(f"cannot read the rule file: {exc.strerror}", file=str(path)) from None
     except UnicodeDecodeError:
@@ -306,14 +312,21 @@ def parse_rule_files(paths: Iterable[str | Path], constructors: set[str] | None 
         constructors = _lang_constructors() | set(_declarations(paths).constructors)
     rules: list[Rule] = []
     for path in paths:
-        text = _read(path)
+        text, tags = _read_tagged(path)
         data = text.encode()
         for c in _parse_commands(text, path):
             kind = type(c).__name__
             if kind in ("RewriteCommand", "BiRewriteCommand"):
-                rules.append(_from_rewrite(c, kind, path, data, constructors))
+                rule = _from_rewrite(c, kind, path, data, constructors)
+                span = c.rewrite.span
             elif kind == "RuleCommand":
-                rules.append(_from_rule(c, path, data, constructors))
+                rule = _from_rule(c, path, data, constructors)
+                span = c.rule.span
+            else:
+                continue
+            if tags.fast_at(data, span.i):
+                rule = replace(rule, numerics="fast")
+            rules.append(rule)
     return rules
 
 

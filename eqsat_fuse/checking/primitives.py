@@ -146,6 +146,23 @@ FACT_FUNCTIONS: dict[str, Callable] = {"shape": _fact_shape, "dtype": _fact_dtyp
 
 # Relations are structural: they say how a term is built (e.g. `fusable`: its operator may take
 # an elementwise consumer), not what it computes, so they put no constraint on sampled values.
+# The exceptions are the value relations below: what the encoder states about a model constant's
+# values (`frontend.encode._value_facts`), which the checker evaluates on the sample the same way
+# (a condition (fraction c) holds where the encoder would state it) and draws values for.
+VALUE_RELATIONS: dict[str, str] = {
+    "exact-reciprocal": "every element is +-2^k with 1/x representable",
+    "fraction": "every element is finite with 1e-6 <= |v| <= 1",
+    "plus-zero": "every element is +0.0",
+}
+
+
+def value_relation_holds(name: str, x) -> bool:
+    """Whether the encoder would state the value relation `name` about the tensor `x`."""
+    from ..frontend.encode import _value_facts
+
+    if not isinstance(x, np.ndarray):
+        return False
+    return f"({name} v)" in _value_facts("v", x)
 
 
 def _values_equal(a, b) -> bool:

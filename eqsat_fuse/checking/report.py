@@ -36,7 +36,11 @@ def _summary(v, limit: int = 8) -> str:
         flat = ", ".join(f"{x:.6g}" if v.dtype.kind == "f" else str(x) for x in v.reshape(-1))
         return f"{head} = [{flat}]"
     if v.dtype.kind == "f":
-        return f"{head} in [{float(np.nanmin(v)):.4g}, {float(np.nanmax(v)):.4g}]"
+        finite = v[~np.isnan(v)]
+        if finite.size == 0:
+            return f"{head} all NaN"
+        nan = " and NaN" if finite.size < v.size else ""
+        return f"{head} in [{float(finite.min()):.4g}, {float(finite.max()):.4g}]{nan}"
     return f"{head} in [{v.min()}, {v.max()}]"
 
 
@@ -65,10 +69,10 @@ class Counterexample:
         lines.append(f"  lhs {self.lhs}")
         lines.append(f"      = {_summary(self.lhs_value)}")
         lines.append(f"  rhs {self.rhs}")
+        if self.rhs_value is not None or not self.error:
+            lines.append(f"      = {_summary(self.rhs_value)}")
         if self.error:
             lines.append(f"      {self.error}")
-        else:
-            lines.append(f"      = {_summary(self.rhs_value)}")
         if self.max_abs_diff is not None:
             at = ""
             if self.index is not None and isinstance(self.lhs_value, np.ndarray):
@@ -107,8 +111,13 @@ def _finite(v) -> bool:
     return True
 
 
-def _compare(lv, rv):
-    """None if equal within tolerance, else (error, max_diff, tolerance, index)."""
+def _compare(lv, rv, exact: bool = True, zero_signs: bool = True):
+    """None if equal, else (error, max_diff, tolerance, index). NaN on one side only is a
+    mismatch; for an `exact` rule (the numerics contract, docs/numerics.md) so are +inf and
+    -inf on one side only, and with `zero_signs` a zero's sign (the checker compares it on the
+    samples that carry edge values: on ordinary values a zero comes from cancellation, and
+    x - x is +0 in any order, so its sign is rounding); finite values agree within
+    `TOLERANCES`."""
     if lv is None or rv is None:
         return None if lv is None and rv is None else (
             f"one side is absent: lhs {_summary(lv)}, rhs {_summary(rv)}", None, None, None)
@@ -116,7 +125,7 @@ def _compare(lv, rv):
         if not (isinstance(lv, list) and isinstance(rv, list)) or len(lv) != len(rv):
             return ("the sides are different lists", None, None, None)
         for a, b in zip(lv, rv):
-            bad = _compare(a, b)
+            bad = _compare(a, b, exact, zero_signs)
             if bad:
                 return bad
         return None
@@ -131,22 +140,46 @@ def _compare(lv, rv):
         diff = np.abs(lv.astype(np.float64) - rv.astype(np.float64))
         index = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else None
         return (None, float(diff.max()), 0.0, index)
-    atol, rtol = TOLERANCES.get(lv.dtype.name, TOLERANCES["float32"])
-    l64, r64 = lv.astype(np.float64), rv.astype(np.float64)
     if lv.size == 0:
         return None
+    atol, rtol = TOLERANCES.get(lv.dtype.name, TOLERANCES["float32"])
+    l64, r64 = lv.astype(np.float64), rv.astype(np.float64)
+    classes = [("NaN", np.isnan)]
+    if exact:
+        classes += [("+inf", np.isposinf), ("-inf", np.isneginf)]
+    if exact and zero_signs:
+        classes += [("-0.0", lambda v: (v == 0) & np.signbit(v)),
+                    ("+0.0", lambda v: (v == 0) & ~np.signbit(v))]
+    for what, test in classes:
+        if what.endswith("0.0"):
+            zeros = (l64 == 0) & (r64 == 0)        # a zero against a tiny value is rounding
+            odd = zeros & (test(l64) != test(r64))
+        else:
+            odd = test(l64) != test(r64)
+        if odd.any():
+            index = np.unravel_index(int(np.argmax(odd)), odd.shape)
+            side = "lhs" if test(l64)[index] else "rhs"
+            return (f"{what} on one side only ({side}) at {[int(i) for i in index]}: lhs "
+                    f"{_scalar(lv[index])}, rhs {_scalar(rv[index])}", None, None, index)
+    both = np.isfinite(l64) & np.isfinite(r64)
+    finite_l = np.where(np.isfinite(l64), np.abs(l64), 0.0)
     finite_r = np.where(np.isfinite(r64), np.abs(r64), 0.0)
-    scale = max(1.0, float(np.max(np.abs(l64))), float(np.max(finite_r)))
+    scale = max(1.0, float(np.max(finite_l)), float(np.max(finite_r)))
     allowed = atol * scale + rtol * finite_r
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(l64 - r64)
-    diff = np.where(np.isnan(diff), np.inf, diff)
+    same = (l64 == r64) | (np.isnan(l64) & np.isnan(r64))
+    diff = np.where(same, 0.0, np.where(both, diff, np.inf))
     excess = diff - allowed
     k = int(np.argmax(excess))
     if excess.reshape(-1)[k] <= 0:
         return None
     index = np.unravel_index(k, diff.shape)
     return (None, float(diff.reshape(-1)[k]), float(allowed.reshape(-1)[k]), index)
+
+
+def _scalar(x) -> str:
+    return f"{float(x):.6g}" if np.asarray(x).dtype.kind == "f" else str(x)
 
 
 @dataclass
@@ -162,10 +195,22 @@ class RuleResult:
     relies_on: list[str] = field(default_factory=list)   # structural conditions (relations)
     counterexample: Counterexample | None = None
     seconds: float = 0.0
+    assumptions: list[str] = field(default_factory=list)   # what it was checked under
 
     @property
     def name(self) -> str:
         return self.rule.name
+
+    @property
+    def numerics(self) -> str:
+        """The contract it was checked under: "exact" (the whole float domain) or "fast"."""
+        return self.rule.numerics
+
+    def rejection_note(self, limit: int = 3) -> str:
+        """The most frequent reasons samples were rejected, with their counts."""
+        top = sorted(self.rejections.items(), key=lambda kv: -kv[1])
+        text = "; ".join(f"{why} ({n}x)" for why, n in top[:limit])
+        return text + (f"; {len(top) - limit} more reasons" if len(top) > limit else "")
 
     @property
     def location(self) -> str:
@@ -174,13 +219,22 @@ class RuleResult:
     def as_dict(self) -> dict:
         r = self.rule
         return {"name": r.name, "ruleset": r.ruleset, "file": r.file, "line": r.line,
-                "kind": r.kind, "status": self.status, "reason": self.reason,
+                "kind": r.kind, "numerics": r.numerics, "assumptions": list(self.assumptions),
+                "status": self.status, "reason": self.reason,
                 "examples": self.examples, "rejected": self.rejected,
                 "rejections": dict(self.rejections), "relies_on": list(self.relies_on),
                 "lhs": None if r.lhs is None else str(r.lhs),
                 "rhs": None if r.rhs is None else str(r.rhs),
                 "counterexample": self.counterexample.as_dict() if self.counterexample else None,
                 "seconds": round(self.seconds, 4)}
+
+
+def _notes(r: RuleResult, indent: str = "        ") -> list[str]:
+    """A result's assumptions and rejected-sample reasons, one line each."""
+    lines = [f"{indent}assumes {a}" for a in r.assumptions]
+    if r.rejected:
+        lines.append(f"{indent}rejected {r.rejected}: {r.rejection_note()}")
+    return lines
 
 
 @dataclass
@@ -229,8 +283,10 @@ class CheckReport:
                  f"{self.seconds:.1f} s"]
         for r in self.unsound:
             lines.append("")
-            lines.append(f"UNSOUND    {r.name}  ({r.location}, ruleset {r.rule.ruleset})")
+            lines.append(f"UNSOUND    {r.name}  ({r.location}, ruleset {r.rule.ruleset}, "
+                         f"numerics {r.numerics})")
             lines.append(f"    {r.reason}")
+            lines.extend(_notes(r, "    "))
             if r.counterexample:
                 lines.append(r.counterexample.describe())
         if self.unchecked:
@@ -245,9 +301,10 @@ class CheckReport:
             for r in self.passed:
                 note = f"  [relies on {', '.join(r.relies_on)}]" if r.relies_on else ""
                 rej = f", {r.rejected} samples rejected" if r.rejected else ""
-                nan = sum(n for why, n in r.rejections.items() if why.startswith(_NOT_FINITE))
-                rej += f" ({nan} with a non-finite left-hand side)" if nan else ""
-                lines.append(f"  ok  {r.name:32} {r.location}  {r.examples} examples{rej}{note}")
+                fast = "  (fast)" if r.numerics == "fast" else ""
+                lines.append(f"  ok  {r.name:32} {r.location}  {r.examples} examples{rej}{note}"
+                             f"{fast}")
+                lines.extend(_notes(r))
         if self.facts:
             lines.append("")
             lines.append(f"facts (not an equality): {len(self.facts)} rule(s) only assert facts:")
@@ -261,7 +318,9 @@ class CheckReport:
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
-        return {"ok": self.ok, "files": list(self.files), "examples": self.examples,
+        return {"ok": self.ok, "files": list(self.files),
+                "contract": "exact rules on the whole float domain (NaN, +-inf and signed "
+                            "zeros must match); fast rules on ordinary values", "examples": self.examples,
                 "seed": self.seed, "seconds": round(self.seconds, 3),
                 "counts": {s: len(self.with_status(s))
                            for s in ("passed", "unsound", "unchecked", "fact")},

@@ -51,11 +51,11 @@ from .generators import generator_for
 from .hints import _absent_ok, _hints
 from .patterns import (Call, Check, Condition, Eq, Lit, Pattern, Rule, Var, _declarations,
                        _Decls, fold_constants, match, parse_rule_files, substitute, variables)
-from .primitives import (FACT_FUNCTIONS, _PRIMS, _NoFact, _render_value, _Unbound, _Unsupported,
-                         _values_equal)
+from .primitives import (FACT_FUNCTIONS, _PRIMS, VALUE_RELATIONS, _NoFact, _render_value,
+                         _Unbound, _Unsupported, _values_equal, value_relation_holds)
 from .report import (_NOT_FINITE, CheckReport, Counterexample, RuleResult, _compare, _finite,
                      _summary)
-from .sample import _Plan, _Reject, _Sample
+from .sample import ASSUMPTIONS, _Plan, _Reject, _Sample
 
 # the pattern names stay importable from here, where they were defined before the split
 __all__ = ["Var", "Lit", "Call", "Pattern", "Eq", "Check", "Condition", "Rule",
@@ -113,6 +113,8 @@ def _static_problems(rule: Rule, decls: _Decls, sorts: dict[str, str]) -> tuple[
     for cond in rule.conditions:
         if isinstance(cond, Check) and isinstance(cond.expr, Call):
             head = cond.expr
+            if head.op in VALUE_RELATIONS and head.op in decls.relations:
+                continue                         # evaluated on the sample (`_satisfy`)
             if head.op in decls.relations:
                 arg_sorts = decls.relations[head.op]
                 if any(s in _VALUE_SORTS for s in arg_sorts):
@@ -179,8 +181,13 @@ def _satisfy(s: _Sample, conditions) -> None:
             try:
                 if isinstance(cond, Check):
                     e = cond.expr
-                    if isinstance(e, Call) and (e.op in s.plan.constructors
-                                                or e.op in s.plan.relations):
+                    if (isinstance(e, Call) and e.op in VALUE_RELATIONS
+                            and e.op in s.plan.relations):
+                        if not value_relation_holds(e.op, s.eval(e.args[0])):
+                            raise _NoFact(f"{e.args[0]} is not {e.op}: "
+                                          f"{_summary(s.eval(e.args[0]))}")
+                    elif isinstance(e, Call) and (e.op in s.plan.constructors
+                                                  or e.op in s.plan.relations):
                         pass                     # structural: a term or relation exists
                     else:
                         s.eval(e)                # a primitive check; `!=` on tensors passes
@@ -210,9 +217,18 @@ def _satisfy_eq(s: _Sample, cond: Eq) -> None:
 
 
 
-def _run_sample(plan: _Plan, draw):
-    """One example: instantiate, check conditions, compare. Returns a Counterexample or None."""
+def _run_sample(plan: _Plan, draw, assumed: set | None = None):
+    """One example: instantiate, check conditions, compare. Returns a Counterexample or None.
+    The values the sample avoided (a fast rule's zero divisor...) are added to `assumed`."""
     s = _Sample(plan, draw, generator_for)
+    try:
+        return _run(s, plan)
+    finally:
+        if assumed is not None:
+            assumed.update(s.assumed)
+
+
+def _run(s: _Sample, plan: _Plan):
     try:
         for var, pattern in plan.roots:
             want = s.first(plan.hints.shape.get(var)) if var else None
@@ -239,7 +255,7 @@ def _run_sample(plan: _Plan, draw):
         except Exception as exc:
             raise _Reject(f"the matched side does not evaluate ({type(exc).__name__}: "
                           f"{str(exc)[:80]})") from None
-        if not _finite(lv):
+        if not plan.exact and not _finite(lv):     # a fast rule: ordinary values only
             raise _Reject(_NOT_FINITE + " (NaN/inf) on this sample")
     for kind, a, b in plan.obligations:
         error = lv = rv = None
@@ -261,7 +277,7 @@ def _run_sample(plan: _Plan, draw):
                     f"the rule sets {a} to {_summary(rv)}, but the value has {_summary(lv)}",
                     None, None, None)
             else:
-                bad = _compare(lv, rv)
+                bad = _compare(lv, rv, plan.exact, s.edges)
             if bad is None:
                 continue
             error, diff, tol, index = bad
@@ -306,7 +322,8 @@ def _check_plan(plan: _Plan, examples: int, seed: int, shrink: bool):
     from hypothesis import strategies as st
     from hypothesis.errors import Unsatisfiable
 
-    state = {"valid": 0, "failure": None, "unsupported": None, "crash": None}
+    state = {"valid": 0, "failure": None, "unsupported": None, "crash": None,
+             "assumed": set()}
     rejections: Counter = Counter()
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
 
@@ -318,7 +335,7 @@ def _check_plan(plan: _Plan, examples: int, seed: int, shrink: bool):
     def run(data):
         from hypothesis import reject
         try:
-            found = _run_sample(plan, data.draw)
+            found = _run_sample(plan, data.draw, state["assumed"])
         except _Reject as exc:
             rejections[exc.reason] += 1
             reject()
@@ -344,6 +361,25 @@ def _check_plan(plan: _Plan, examples: int, seed: int, shrink: bool):
 
 def _check_rule(rule: Rule, decls: _Decls, absent_ok: dict[str, bool], examples: int, seed: int,
                 shrink: bool) -> RuleResult:
+    assumed: set = set()
+    result = _check_rule_plans(rule, decls, absent_ok, examples, seed, shrink, assumed)
+    result.assumptions = _assumptions(rule, decls, assumed)
+    return result
+
+
+def _assumptions(rule: Rule, decls: _Decls, assumed) -> list[str]:
+    """What the rule was checked under: the values the checker avoided on its samples (a fast
+    rule's zero divisors...), then what its own conditions restrict (value relations)."""
+    out = sorted({ASSUMPTIONS[role].format(label) for label, role in assumed})
+    for cond in rule.conditions:
+        if (isinstance(cond, Check) and isinstance(cond.expr, Call)
+                and cond.expr.op in VALUE_RELATIONS and cond.expr.op in decls.relations):
+            out.append(f"{cond} by its condition: {VALUE_RELATIONS[cond.expr.op]}")
+    return out
+
+
+def _check_rule_plans(rule: Rule, decls: _Decls, absent_ok: dict[str, bool], examples: int,
+                      seed: int, shrink: bool, assumed: set) -> RuleResult:
     started = time.perf_counter()
     sorts = _var_sorts(rule, decls.constructors)
     problem, relies = _static_problems(rule, decls, sorts)
@@ -357,6 +393,7 @@ def _check_rule(rule: Rule, decls: _Decls, absent_ok: dict[str, bool], examples:
     for plan in _plans(rule, decls, absent_ok):
         state, rej = _check_plan(plan, examples, seed, shrink)
         rejections.update(rej)
+        assumed |= state["assumed"]
         total_valid += state["valid"]
         total_rejected += sum(rej.values())
         if state["crash"] is not None and state["failure"] is None:

@@ -20,8 +20,8 @@ from ..ops import OPS
 from ..ops import evaluate as _evaluate_op
 from .hints import _Hints
 from .patterns import Call, Eq, Lit, Rule, Var, variables
-from .primitives import (FACT_FUNCTIONS, _PRIMS, _NoFact, _render_value, _Unbound,
-                         _Unsupported, _values_equal)
+from .primitives import (FACT_FUNCTIONS, _PRIMS, VALUE_RELATIONS, _NoFact, _render_value,
+                         _Unbound, _Unsupported, _values_equal)
 
 
 @dataclass
@@ -39,6 +39,17 @@ class _Plan:
     relations: frozenset = frozenset()
     names: dict = field(default_factory=dict)   # matched pattern -> its variable (for hints)
 
+    @functools.cached_property
+    def contraction(self) -> bool:
+        """Does the rule involve a contraction (its summation order may differ per side)?"""
+        terms = [p for pair in self.rule.unions for p in pair]
+        return any(op in str(p) for p in terms for op in _CONTRACTIONS)
+
+    @property
+    def exact(self) -> bool:
+        """Checked under the exact contract (the whole float domain), not the fast one."""
+        return self.rule.numerics != "fast"
+
 
 # ---- sampling ----------------------------------------------------------------------------------
 
@@ -51,6 +62,7 @@ class _Reject(Exception):
 
 
 _FLOAT_TYPES = ("float16", "float32", "float64")
+_CONTRACTIONS = ("(MatMul ", "(Gemm ", "(Conv ", "(ConvTranspose ")
 # ops whose result has the shape of their first input: these, and every elementwise op of one
 # input in the operator table (`unary_elementwise`)
 _SHAPE_PRESERVING = {"Mat", "Clip", "Softmax", "LRN", "LayerNormalization", "BatchNormalization"}
@@ -80,6 +92,83 @@ def _st_float(lo: float, hi: float):
     return st.floats(lo, hi, allow_nan=False, allow_infinity=False)
 
 
+# ---- the float domain --------------------------------------------------------------------------
+
+# the values a data role avoids on a fast rule's ordinary samples, as the assumption it states
+ASSUMPTIONS = {"positive": "{} > 0", "nonzero": "{} \u2260 0", "exponent": "{} in [-2, 2]",
+               "low": "{} \u2264 0 (a Clip lower bound)", "high": "{} \u2265 0 (a Clip upper bound)"}
+
+# families of edge values; an edge sample gives each float tensor one family (or all of them).
+# A rule over a contraction (MatMul, Gemm, Conv, ConvTranspose) gets no huge finite values: a
+# sum of huge terms overflows in some summation orders and not in others (inf, -inf or NaN), and
+# the contract bounds a contraction by K * eps * sum |a*b| (docs/numerics.md), which is infinite
+# then; NaN and +-inf inputs propagate through a sum the same way in any order, and are drawn.
+_EDGE_FAMILIES = ("zeros", "infinities", "nan", "denormal", "huge", "all")
+_EDGE_FAMILIES_BOUNDED = ("zeros", "infinities", "nan", "denormal", "bounded")
+
+
+@functools.lru_cache(maxsize=None)
+def _edge_values(dtype: str, family: str) -> np.ndarray:
+    """The edge values of a float dtype in one family: signed zeros, infinities, NaN,
+    denormals and the smallest normals, huge values (the largest, and ones whose square or
+    sum overflows)."""
+    fi = np.finfo(dtype)
+    families = {
+        "zeros": [0.0, -0.0],
+        "infinities": [np.inf, -np.inf],
+        "nan": [np.nan],
+        "denormal": [float(fi.smallest_subnormal), -float(fi.smallest_subnormal),
+                     float(fi.tiny) * 0.37, -float(fi.tiny) * 0.1, float(fi.tiny) * 0.01,
+                     float(fi.tiny), -float(fi.tiny), float(np.sqrt(fi.tiny)) * 0.5],
+        "huge": [float(fi.max), -float(fi.max), float(fi.max) * 0.6, -float(fi.max) * 0.3,
+                 float(np.sqrt(fi.max)) * 2.0, -float(np.sqrt(fi.max)) * 3.0],
+    }
+    if family in ("all", "bounded"):
+        names = ("zeros", "infinities", "nan", "denormal") + (("huge",) if family == "all" else ())
+        values = [v for name in names for v in families[name]]
+    else:
+        values = families[family]
+    return np.asarray(values, dtype=dtype)
+
+
+def _with_edges(rng, v: np.ndarray, huge: bool = True) -> np.ndarray:
+    """`v` with some of its elements (none, a few, half or all) replaced by edge values (not
+    the huge finite ones unless `huge`)."""
+    if v.dtype.kind != "f":
+        return v
+    density = rng.choice((0.0, 0.25, 0.5, 1.0))
+    if density == 0.0 or v.size == 0:
+        return v
+    families = _EDGE_FAMILIES if huge else _EDGE_FAMILIES_BOUNDED
+    edges = _edge_values(v.dtype.name, families[rng.integers(0, len(families))])
+    mask = rng.random(v.shape) < density
+    if not mask.any():
+        mask.reshape(-1)[rng.integers(0, v.size)] = True
+    out = v.copy()
+    out[mask] = edges[rng.integers(0, len(edges), int(mask.sum()))]
+    return out
+
+
+def _value_relation_array(rng, shape, relation: str, dtype) -> np.ndarray:
+    """Values for which the encoder states the value relation (plus-zero, fraction,
+    exact-reciprocal: `primitives.VALUE_RELATIONS`)."""
+    dtype = np.dtype(dtype)
+    sign = rng.choice((-1.0, 1.0), shape)
+    if relation == "plus-zero":
+        return np.zeros(shape, dtype=dtype)
+    if relation == "fraction":
+        magnitude = 10.0 ** rng.uniform(-6.0, 0.0, shape)
+        ends = rng.random(shape)
+        magnitude = np.where(ends < 0.1, 1e-6, np.where(ends > 0.9, 1.0, magnitude))
+        return np.asarray(np.clip(sign * magnitude, -1.0, 1.0), dtype=dtype)
+    fi = np.finfo(dtype)
+    lo, hi = int(np.log2(fi.tiny)) - 1, int(np.log2(fi.max))
+    k = np.where(rng.random(shape) < 0.2, rng.choice((lo, hi, -1, 1), shape),
+                 rng.integers(-4, 5, shape))
+    with np.errstate(all="ignore"):
+        return np.asarray(sign * np.ldexp(1.0, k), dtype=dtype)
+
+
 class _Sample:
     """One attempt at instantiating a rule: variable values, leaf arrays, drawn numbers."""
 
@@ -97,6 +186,13 @@ class _Sample:
         self.dtype = np.dtype(self.hints.dtype if self.hints.dtype in _FLOAT_TYPES
                               else ("float32", "float64")[self.i(0, 3) == 3])
         self.names = 0
+        # exact rules (the default contract) are drawn from the whole float domain: a third of
+        # their samples carry the edges (+-0, +-inf, NaN, denormals, huge values; `_edge_values`)
+        # and no value is avoided; fast rules get ordinary values only, and the values their
+        # operands' roles avoid (a zero divisor...) are recorded as the rule's assumptions
+        self.exact = plan.rule.numerics != "fast"
+        self.edges = self.exact and self.i(0, 2) == 2   # shrinks to ordinary
+        self.assumed: set[tuple[str, str]] = set()
 
     # draws (through hypothesis, so failures shrink)
     def i(self, lo: int, hi: int) -> int:
@@ -124,13 +220,19 @@ class _Sample:
         return tuple(chosen)
 
     # arrays
-    def array(self, shape, role="any") -> np.ndarray:
+    def array(self, shape, role="any", label: str | None = None) -> np.ndarray:
         shape = tuple(int(d) for d in shape)
         rng = self.rng
         if role == "bool":
             return np.asarray(rng.random(shape) < 0.5)
         if isinstance(role, tuple) and role[0] == "index":
             return rng.integers(0, max(int(role[1]), 1), shape).astype(np.int64)
+        if role in VALUE_RELATIONS:
+            return _value_relation_array(rng, shape, role, self.dtype)
+        if self.exact:
+            role = "any"                     # the whole domain: nothing avoided
+        elif role in ASSUMPTIONS and label is not None:
+            self.assumed.add((label, role))
         if self.integral:
             lo, hi = {"positive": (1, 3), "nonzero": (1, 3), "low": (-3, 0), "high": (0, 3),
                       "exponent": (-2, 2)}.get(role, (-3, 3))
@@ -141,7 +243,10 @@ class _Sample:
             v = rng.uniform(lo, hi, shape)
         if role == "nonzero":
             v = v * rng.choice((-1.0, 1.0), shape)
-        return np.asarray(v, dtype=self.dtype)
+        v = np.asarray(v, dtype=self.dtype)
+        if self.edges:
+            v = _with_edges(rng, v, not self.plan.contraction)
+        return v
 
     def random_shape(self, ranks=None, rank=None) -> tuple:
         if rank is None:
@@ -337,12 +442,13 @@ class _Sample:
         return None
 
     def tensor(self, name: str, shape, role):
+        role = self.hints.values.get(name, role)
         if name in self.hints.splat:
             value = self.hints.splat[name]
             if value is None:
-                value = float(self.array((), role))
+                value = float(self.array((), role, name))
             return np.full(tuple(shape), value, dtype=self.dtype)
-        return self.array(shape, role)
+        return self.array(shape, role, name)
 
     def make(self, p, want=None, role="any", ranks=None):
         """Instantiate the variables of `p` so that it evaluates (to shape `want`, if given);
