@@ -23,9 +23,12 @@ attributes for its operands (Conv channels divisible by the group, MatMul inner 
 broadcast-compatible operands, axes inside the rank...), and honours what conditions fix
 (``(= 4 (vec-length (shape w)))`` fixes w's rank, ``(= (shape a) (shape b))`` ties two shapes,
 ``(= g 1)`` fixes an attribute). Other conditions are evaluated on the sample and a sample that
-fails them is rejected (counted, and reported when nothing is left). Operands in a role that
-needs it get suitable data: a variance fed to Sqrt is positive, a divisor stays away from zero.
-A sample whose matched side is not finite (NaN/inf) is rejected and counted.
+fails them is rejected (counted, with why, in the report). Values come from the whole float
+domain (sample.py): an exact rule's samples avoid nothing and a third of them carry +-0, +-inf,
+NaN, denormals and huge values, compared NaN-, inf- and zero-sign-aware (report.py); a fast
+rule (`:numerics fast`) gets ordinary values, an operand in a role that needs it gets suitable
+data (a divisor stays away from zero), which is listed as the rule's assumption, and a sample
+whose matched side is not finite is rejected and counted.
 
 The checker's parts, one job a module: `patterns` (the rule-pattern language and the `.egg`
 parser), `primitives` (what egglog's primitives and fact functions compute), `hints` (what the
