@@ -159,8 +159,11 @@ def wrong_report():
 # ---- (1) every shipped rule --------------------------------------------------------------------
 
 def test_no_shipped_rule_is_unsound(shipped_report):
+    """No shipped rule is unsound beyond the known list. (Not equality: which rules of a
+    family show their edge failure depends on the draws, which other tests in the same
+    process can shift.)"""
     unsound = {r.name for r in shipped_report.unsound}
-    assert unsound == set(KNOWN_UNSOUND), shipped_report.summary()
+    assert unsound <= set(KNOWN_UNSOUND), shipped_report.summary()
     for result in shipped_report.unsound:
         assert result.counterexample is not None
 
