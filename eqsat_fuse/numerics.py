@@ -81,8 +81,9 @@ class Tags:
         return any(form.start <= chars < form.end for form in self.forms)
 
 
-def _code_positions(text: str) -> bytearray:
-    """1 at each character of `text` that is code, 0 inside strings and `;` comments."""
+def code_positions(text: str) -> bytearray:
+    """1 at each character of `text` that is code, 0 inside strings and `;` comments (the one
+    scanner of rule-file text: `saturation.saturate` finds parentheses with it too)."""
     code = bytearray(len(text))
     in_string = escaped = comment = False
     for i, char in enumerate(text):
@@ -128,7 +129,7 @@ def split_tags(text: str, filename: str) -> tuple[str, Tags]:
     tags: list[Tagged] = []
     if ":numerics" not in text:
         return text, Tags()
-    code = _code_positions(text)
+    code = code_positions(text)
     forms = _top_level_forms(text, code)
     pieces, last = [], 0
     for match in _TAG.finditer(text):

@@ -26,7 +26,7 @@ from egglog import bindings
 
 from ..errors import EqsatFuseError, RuleFileError
 from ..frontend.encode import Encoding
-from ..numerics import split_tags
+from ..numerics import code_positions, split_tags
 from ..resources import data_dir, rule_files, schedule_file
 
 # Commands a user's rule file may contain. Everything else (include, input, output, extract,
@@ -119,23 +119,13 @@ MAX_NESTING = 500
 
 def _parentheses(text: str):
     """Each parenthesis outside strings and comments: (line, column, char), columns from 1."""
-    in_string = False
-    for line_number, line in enumerate(text.splitlines(), start=1):
-        escaped = False
-        for column, char in enumerate(line, start=1):
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif char == "\\":
-                    escaped = True
-                elif char == '"':
-                    in_string = False
-            elif char == '"':
-                in_string = True
-            elif char == ";":
-                break
-            elif char in "()":
-                yield line_number, column, char
+    code = code_positions(text)
+    line_number, line_start = 1, 0
+    for i, char in enumerate(text):
+        if char == "\n":
+            line_number, line_start = line_number + 1, i + 1
+        elif code[i] and char in "()":
+            yield line_number, i - line_start + 1, char
 
 
 def _check_nesting(text: str, filename: str) -> None:
