@@ -106,19 +106,34 @@ def _value_facts(var: str, value) -> list[str]:
         lines.append(f"(set (scalar-value {var}) {render_float(splat)})")
     if value.dtype.kind != "f" or value.size == 0:
         return lines
-    with np.errstate(all="ignore"):
-        mantissa, _ = np.frexp(value)
-        reciprocal = np.reciprocal(value)
-        if (np.all(np.abs(mantissa) == 0.5) and np.all(np.isfinite(reciprocal))
-                and np.all(reciprocal * value == 1)):
-            lines.append(f"(exact-reciprocal {var})")
-        magnitude = np.abs(value)
-        if value.dtype in (np.float32, np.float64) and np.all(
-                (magnitude >= 1e-6) & (magnitude <= 1)):
-            lines.append(f"(fraction {var})")
-    if np.all(value == 0) and not np.any(np.signbit(value)):
+    if _every(value, _exact_reciprocals):
+        lines.append(f"(exact-reciprocal {var})")
+    if value.dtype in (np.float32, np.float64) and _every(value, _fractions):
+        lines.append(f"(fraction {var})")
+    if _every(value, _plus_zeros):
         lines.append(f"(plus-zero {var})")
     return lines
+
+
+def _every(value: np.ndarray, test) -> bool:
+    """Whether `test` (elementwise) holds for every element of `value`: tried on the first 64
+    elements first, so that a weight matrix, where it fails at once, costs no full-size pass."""
+    with np.errstate(all="ignore"):
+        return bool(np.all(test(value.reshape(-1)[:64]))) and bool(np.all(test(value)))
+
+
+def _exact_reciprocals(v: np.ndarray) -> np.ndarray:
+    reciprocal = np.reciprocal(v)
+    return (np.abs(np.frexp(v)[0]) == 0.5) & np.isfinite(reciprocal) & (reciprocal * v == 1)
+
+
+def _fractions(v: np.ndarray) -> np.ndarray:
+    magnitude = np.abs(v)
+    return (magnitude >= 1e-6) & (magnitude <= 1)
+
+
+def _plus_zeros(v: np.ndarray) -> np.ndarray:
+    return (v == 0) & ~np.signbit(v)
 
 
 def encode(graph: Graph) -> Encoding:
