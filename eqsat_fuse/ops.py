@@ -136,7 +136,8 @@ _SPECS = [
     _spec("Cast", ["x"], ["to"], ref=npo.cast),
     _spec("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["epsilon"], fused=["x"],
           short="batchnorm", ref=npo.batch_normalization,
-          scalar="(({0} - {3}) * ({1} / np.sqrt({4} + {epsilon})) + {2})"),
+          scalar="({0} * (({lit[1]} / np.sqrt({4} + {epsilon})) * {1})"
+                 " + ({2} - {3} * (({lit[1]} / np.sqrt({4} + {epsilon})) * {1})))"),
     # removed by the canon rules before fusion: no fusion rule of their own
     _spec("Identity", ["x"], fused=[], ref=npo.identity, scalar="{0}", integers=True),
     _spec("Dropout", ["x"], fused=[], ref=npo.identity, scalar="{0}", integers=True),

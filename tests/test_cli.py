@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,7 @@ def run_cli(*args):
 def test_demo_compiles_runs_verifies_and_says_what_was_fused():
     code, out, err = run_cli("demo")
     assert code == 0, err
-    assert "Conv+Relu" in out and "MatMul+Add" in out
+    assert re.search(r"\bConv\+[\w+]*Relu\b", out) and "MatMul+Add" in out
     assert "45 ONNX nodes before" in out and "kernels after" in out
     assert "verify against onnxruntime: OK" in out
     assert "[eqsat-fuse] saturate..." in err          # progress goes to stderr
@@ -50,7 +51,7 @@ def test_optimize_json_has_the_documented_keys(capsys):
 
 
 def test_optimize_explain_lists_rules_and_kernel_costs(capsys):
-    assert main(["optimize", RESNET, "--explain", "--quiet"]) == 0
+    assert main(["optimize", RESNET, "--explain", "--fast-math", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "conv2d-nobias-bn-fold" in out and "Conv+Relu" in out and " us " in out
     explained = out.split("rules that shaped the extracted program")[1]   # shown first

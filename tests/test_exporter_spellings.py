@@ -57,10 +57,20 @@ def conv_bn_scale_shift(cshape, bias):
 @pytest.mark.parametrize("cshape", [(8, 1, 1), (1, 8, 1, 1)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_conv_bn_then_channel_scale_and_shift_fold_into_the_conv(backend, cshape, bias):
-    compiled = ef.compile(conv_bn_scale_shift(cshape, bias), backend=backend)
+    compiled = ef.compile(conv_bn_scale_shift(cshape, bias), backend=backend, numerics="fast")
     report = compiled.report
     assert compute_ops(report) == [["Conv", "Relu"]]
     assert report.fusions.get("Conv+Relu") == 1
+    assert compiled.verify().ok
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_exact_mode_conv_bn_scale_shift_is_still_one_kernel(backend):
+    """Not folded into the weights (fast only), the BatchNormalization, scale and shift run
+    as the Conv's epilogue: no extra kernel, no extra pass over memory."""
+    compiled = ef.compile(conv_bn_scale_shift((8, 1, 1), True), backend=backend)
+    (ops,) = compute_ops(compiled.report)
+    assert ops[0] == "Conv" and ops[-1] == "Relu" and len(ops) > 2, ops
     assert compiled.verify().ok
 
 
@@ -121,7 +131,7 @@ ERF_CASES = [(s, a) for s in ("div", "mul") for a in ("torch-legacy", "dynamo", 
 @pytest.mark.parametrize("spelling,association", ERF_CASES)
 def test_gelu_erf_spellings_become_one_gelu_in_the_matmul_kernel(backend, spelling, association):
     compiled = ef.compile(after_matmul(*gelu_erf_nodes("h", spelling, association)),
-                          backend=backend)
+                          backend=backend, numerics="fast")
     report = compiled.report
     assert len(compute_ops(report)) == 1 and compute_ops(report)[0][-1] == "Gelu", \
         compute_ops(report)
@@ -135,17 +145,27 @@ def test_gelu_erf_spellings_become_one_gelu_in_the_matmul_kernel(backend, spelli
 def test_gelu_tanh_is_one_gelu_even_on_large_tensors(backend, cube):
     # 128 x 3072, GPT-2's c_fc: priced at the erf form's Gelu, the chain used to win here
     compiled = ef.compile(after_matmul(*gelu_tanh_nodes("h", cube), d=64, n=3072, rows=128),
-                          backend=backend)
+                          backend=backend, numerics="fast")
     report = compiled.report
     assert compute_ops(report) == [["Gemm", "Gelu"]], compute_ops(report)
     assert report.fusions.get("Gelu") == 1 and report.fusions.get("Gemm+Gelu") == 1
     assert compiled.verify().ok
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_exact_mode_the_gelu_chain_stays_in_the_matmul_kernel(backend):
+    """The recognizers are fast only (Gelu computes 0.5 * x first); the spelled-out chain
+    still runs as the contraction's epilogue, one kernel."""
+    compiled = ef.compile(after_matmul(*gelu_erf_nodes("h", "div", "dynamo")), backend=backend)
+    (ops,) = compute_ops(compiled.report)
+    assert "Erf" in ops and "Gelu" not in ops, ops
+    assert compiled.verify().ok
+
+
 def test_a_wrong_constant_is_no_gelu():
     nodes, inits = gelu_erf_nodes("h", "div", "dynamo")
     inits["half"] = f32(0.25)
-    report = ef.compile(after_matmul(nodes, inits)).report
+    report = ef.compile(after_matmul(nodes, inits), numerics="fast").report
     assert "Gelu" not in report.fusions
     assert all("Gelu" not in ops for ops in compute_ops(report))
 
@@ -177,7 +197,7 @@ def test_gelu_after_reshape_of_a_gemm_fuses_with_it(backend):
     head = [N("Reshape", ["x", "s1"], ["xr"]), N("Gemm", ["xr", "w", "b"], ["g"]),
             N("Reshape", ["g", "s2"], ["h"])]
     model = make_model(head + nodes, [("x", [1, 8, 16])], [("y", [1, 8, 32])], inits)
-    compiled = ef.compile(model, backend=backend)
+    compiled = ef.compile(model, backend=backend, numerics="fast")
     assert compute_ops(compiled.report) == [["Gemm", "Gelu"]], compute_ops(compiled.report)
     assert compiled.verify().ok
 
@@ -186,7 +206,7 @@ def test_gelu_after_reshape_of_a_gemm_fuses_with_it(backend):
 
 def test_fusions_in_the_report_summary_and_dict():
     nodes, inits = gelu_erf_nodes("h", "div", "torch-legacy")
-    report = ef.compile(after_matmul(nodes, inits)).report
+    report = ef.compile(after_matmul(nodes, inits), numerics="fast").report
     assert report.as_dict()["fusions"] == report.fusions
     assert report.fusions == {"Gelu": 1, "Gemm+Gelu": 1}
     text = report.summary()

@@ -51,7 +51,7 @@ def test_optimize_with_ilp_energy_and_edge_npu_reports_both_predictions(capsys):
 
 
 def test_explain_shows_what_each_fusion_is_worth(capsys):
-    assert main(["optimize", RESNET, "--explain", "--quiet"]) == 0
+    assert main(["optimize", RESNET, "--explain", "--fast-math", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "what each fusion is worth" in out
     line = next(l for l in out.splitlines() if "Conv+Relu" in l and "without" in l)

@@ -200,7 +200,7 @@ def test_report_is_one_self_contained_file(demo):
     assert 'id="memory-plot"' in text
     for step, kernel in enumerate(compiled.report.kernels):
         assert f'id="kernel-{step}"' in text
-    assert "conv2d-nobias-bn-fold" in text and compiled.report.stop_reason in text
+    assert "fuse-relu" in text and compiled.report.stop_reason in text
 
 
 def test_kernel_table_gives_the_predicted_cost_breakdown(demo):
@@ -290,7 +290,9 @@ def test_chromium_shows_both_graphs(demo, tmp_path):
     assert {n.name for n in source.graph.node} <= original
     for kernel in compiled.plan.kernels:
         assert f"{kernel.name}: {kernel.ops[0]}" in fused, kernel.name
-    assert "k2: Conv+Add+Relu" in fused                      # a fused kernel, labelled with its ops
+    fused_kernels = [k for k in compiled.plan.kernels if len(k.ops) > 2]
+    assert fused_kernels                                      # a fused kernel, labelled with its ops
+    assert all(f"{k.name}: {'+'.join(k.ops)}" in fused for k in fused_kernels)
 
     # the screenshot has drawn graphs where the page says the pictures are
     probe = json.loads(re.search(r'data-probe="([^"]+)"', dom).group(1).replace("&quot;", '"'))

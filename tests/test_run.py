@@ -27,16 +27,22 @@ def test_bad_feeds_name_the_input(compiled, feeds, message):
         compiled.run(feeds)
 
 
-def test_conv_bn_relu_is_one_kernel_with_folded_weights(compiled):
-    kernels = compiled.report.kernels
-    assert [k.ops for k in kernels] == [["Conv", "Relu"]]
+def test_conv_bn_relu_is_one_kernel_the_batchnorm_its_epilogue(compiled):
+    """Exact mode: the BatchNormalization is not folded into the weights (w * k rounds and
+    overflows on its own) but runs inside the Conv's kernel, before the Relu."""
+    (kernel,) = compiled.report.kernels
+    assert kernel.ops[0] == "Conv" and kernel.ops[-1] == "Relu"
+    assert "conv2d-bn-fold" not in compiled.report.matches_per_rule
     assert compiled.verify().ok
 
 
-def test_conv_without_bias_folds_batchnorm_too(rng):
-    compiled = ef.compile(conv_bn_relu_model(rng, with_bias=False))
+@pytest.mark.parametrize("with_bias, fold", [(True, "conv2d-bn-fold"),
+                                             (False, "conv2d-nobias-bn-fold")])
+def test_fast_math_folds_batchnorm_into_the_weights(rng, with_bias, fold):
+    compiled = ef.compile(conv_bn_relu_model(rng, with_bias=with_bias), numerics="fast")
     assert [k.ops for k in compiled.report.kernels] == [["Conv", "Relu"]]
-    assert compiled.report.matches_per_rule["conv2d-nobias-bn-fold"] == 1
+    assert compiled.report.matches_per_rule[fold] == 1
+    assert compiled.report.inexact_rules.get(fold) == 1
     assert compiled.verify().ok
 
 

@@ -27,7 +27,7 @@ def chain_model(length=6):
 
 
 def test_small_model_saturates_and_reports_what_fired(rng):
-    _, report = saturate(encode(import_model(conv_bn_relu_model(rng))))
+    _, report = saturate(encode(import_model(conv_bn_relu_model(rng))), numerics="fast")
     assert report.stop_reason == "saturated"
     assert report.matches_per_rule["conv2d-bn-fold"] == 1
     assert report.matches_per_rule["fuse-relu"] >= 1

@@ -242,7 +242,9 @@ def cast(x, *, to):
 
 
 def batch_normalization(x, scale, bias, mean, var, *, epsilon):
-    """Inference batch norm over channel axis 1: (x - mean) / sqrt(var + eps) * scale + bias."""
+    """Inference batch norm over channel axis 1, (x - mean) / sqrt(var + eps) * scale + bias,
+    computed as onnxruntime's kernel computes it: x * k + (bias - mean * k) with
+    k = (1 / sqrt(var + eps)) * scale (x - mean alone can overflow where x * k does not)."""
     x = np.asarray(x)
     xw = _up(x)
     wd = xw.dtype
@@ -250,8 +252,8 @@ def batch_normalization(x, scale, bias, mean, var, *, epsilon):
 
     def p(v):
         return np.asarray(v).astype(wd, copy=False).reshape(bshape)
-    inv = p(scale) / np.sqrt(p(var) + wd.type(epsilon))
-    y = (xw - p(mean)) * inv + p(bias)
+    k = (wd.type(1) / np.sqrt(p(var) + wd.type(epsilon))) * p(scale)
+    y = xw * k + (p(bias) - p(mean) * k)
     return _down(y, x.dtype)
 
 
