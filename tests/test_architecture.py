@@ -117,3 +117,14 @@ def _too_long() -> list[str]:
 
 def test_modules_classes_and_functions_stay_readable():
     assert _too_long() == []
+
+
+def test_docs_architecture_lists_every_module():
+    """docs/architecture.md's module tree names exactly the package's modules (regenerate it
+    with `python scripts/architecture_tree.py`)."""
+    import subprocess
+    import sys
+    script = Path(__file__).resolve().parent.parent / "scripts" / "architecture_tree.py"
+    result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
