@@ -2,10 +2,12 @@
 Numba with no rule run, NumPy fused). Medians, ratios to ORT_ENABLE_ALL in the same run,
 geometric means per family.
 
-    .venv/bin/python bench/models.py [--threads N] [--fast-math] [MODEL ...]
+    .venv/bin/python bench/models.py [--threads N] [--fast-math] [--no-baselines] [MODEL ...]
 
 `--fast-math` also times the Numba program compiled with numerics="fast" (docs/numerics.md)
 beside the default exact one: the `fast` column and `exact/fast`, the cost of exact mode.
+`--no-baselines` leaves out the no-rules Numba program and the NumPy one (their columns show
+"-"): on deployment-size models their cold compiles take most of the run.
 
 MODEL is an .onnx file or a builtin of bench/_common.py (encoder-base, cnn-resnet56,
 elementwise-4M). Default: every test model and the builtins.
@@ -24,6 +26,9 @@ THREADS = set_threads(sys.argv)
 FAST = "--fast-math" in sys.argv
 if FAST:
     sys.argv.remove("--fast-math")
+BASELINES = "--no-baselines" not in sys.argv
+if not BASELINES:
+    sys.argv.remove("--no-baselines")
 
 import numpy as np  # noqa: E402
 
@@ -53,8 +58,10 @@ def main(names: list[str]) -> None:
         label = os.path.basename(name).removesuffix(".onnx")
         family = family_of(label)
         fused = ef.compile(model, backend="numba")
-        unfused = ef.compile(model, backend="numba", budgets=ef.Budgets(iterations=0))
-        numpy_fused = ef.compile(model, backend="numpy")
+        unfused = numpy_fused = None
+        if BASELINES:
+            unfused = ef.compile(model, backend="numba", budgets=ef.Budgets(iterations=0))
+            numpy_fused = ef.compile(model, backend="numpy")
         fast = ef.compile(model, backend="numba", numerics="fast") if FAST else None
         feeds = random_feeds(fused.plan.inputs, 0)
         check = fused.verify(feeds)
@@ -77,28 +84,35 @@ def main(names: list[str]) -> None:
             "ort_all": lambda: ort_all.run(None, feeds),
             "ort_none": lambda: ort_none.run(None, feeds),
             "numba": lambda: fused.run(feeds),
-            "nofuse": lambda: unfused.run(feeds),
         }
+        if unfused is not None:
+            variants["nofuse"] = lambda: unfused.run(feeds)
         if fast is not None:
             variants["fast"] = lambda: fast.run(feeds)
         t = measure(variants, block=block_size(THREADS))
-        t["numpy"] = median_seconds(lambda: numpy_fused.run(feeds), repeat=5, min_time=0.1)
+        if numpy_fused is not None:
+            t["numpy"] = median_seconds(lambda: numpy_fused.run(feeds), repeat=5, min_time=0.1)
         r = t["numba"] / t["ort_all"]
         ratios.setdefault(family, []).append(r)
-        fusion.setdefault(family, []).append(t["nofuse"] / t["numba"])
-        ms = {k: v * 1e3 for k, v in t.items()}
-        print(f"{label:28s} {family:11s} {ms['ort_all']:8.3f}m {ms['ort_none']:8.3f}m "
-              f"{ms['numba']:8.3f}m {ms['nofuse']:11.3f}m {ms['numpy']:8.3f}m | {r:6.2f} "
-              f"{t['nofuse'] / t['numba']:12.2f} {t['numpy'] / t['ort_all']:11.2f}"
-              + (f" {ms['fast']:8.3f}m {t['numba'] / t['fast']:10.2f}" if FAST else ""))
+        ms = {k: f"{v * 1e3:.3f}m" for k, v in t.items()}
+        nofuse_ratio = numpy_ratio = "-"
+        if unfused is not None:
+            fusion.setdefault(family, []).append(t["nofuse"] / t["numba"])
+            nofuse_ratio, numpy_ratio = (f"{t['nofuse'] / t['numba']:.2f}",
+                                         f"{t['numpy'] / t['ort_all']:.2f}")
+        print(f"{label:28s} {family:11s} {ms['ort_all']:>9s} {ms['ort_none']:>9s} "
+              f"{ms['numba']:>9s} {ms.get('nofuse', '-'):>12s} {ms.get('numpy', '-'):>9s} | "
+              f"{r:6.2f} {nofuse_ratio:>12s} {numpy_ratio:>11s}"
+              + (f" {ms['fast']:>9s} {t['numba'] / t['fast']:10.2f}" if FAST else ""))
         if FAST:
             exactness.setdefault(family, []).append(t["numba"] / t["fast"])
         sys.stdout.flush()
     print()
     print("geometric means per family (numba fused / ORT_ENABLE_ALL; numba no-rules / fused):")
     for family in sorted(ratios):
+        speedup = f"{geomean(fusion[family]):5.2f}" if family in fusion else "    -"
         print(f"  {family:12s} x ORT {geomean(ratios[family]):5.2f}   fusion speed-up "
-              f"{geomean(fusion[family]):5.2f}   ({len(ratios[family])} models)"
+              f"{speedup}   ({len(ratios[family])} models)"
               + (f"   exact/fast {geomean(exactness[family]):5.2f}" if FAST else ""))
 
 
