@@ -30,6 +30,7 @@ from .saturation.limits import HardLimits, saturate_in_child
 from .saturation.passes import saturate_by_passes
 from .saturation.saturate import Budgets, saturate
 from .saturation.serialized import fill_missing_facts, read_egraph
+from .threads import resolve as resolve_threads
 from .tools.explain import shaping_rules
 from .tools.report import KernelReport, Report
 
@@ -209,6 +210,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
 
     _check_options(strategy, ilp_seconds)
     numerics = resolve_numerics(numerics)
+    if threads is not None:
+        resolve_threads(threads)        # a bad count is refused before minutes of saturation
     cost_model = load_cost_model(target)
     stage("import")
     graph = import_model(model, input_shapes)

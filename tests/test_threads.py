@@ -264,3 +264,13 @@ def test_a_wrong_threads_value_is_one_line_before_anything_compiles(command, bad
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("eqsat-fuse: error: threads")
     assert says in err
+
+
+@pytest.mark.parametrize("threads", [0, -1, 2.5, True])
+def test_a_bad_thread_count_is_refused_before_any_stage_runs(threads):
+    from conftest import conv_bn_relu_model
+    stages: list[str] = []
+    with pytest.raises(ef.EqsatFuseError, match="threads must be a whole number"):
+        ef.compile(conv_bn_relu_model(np.random.default_rng(0)), threads=threads,
+                   progress=stages.append)
+    assert stages == []
