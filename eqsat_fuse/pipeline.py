@@ -293,6 +293,7 @@ def _report(graph, cost_model, backend: str, extractor: str, objective: str, sat
         objective=objective, energy_uj=extraction.energy_uj,
         extraction=dict(extraction.details, seconds=extraction.seconds),
         nodes_added_by_conversion=graph.nodes_added_by_conversion,
+        import_seconds=dict(graph.import_seconds),
         rulesets={name: info.ruleset for name, info in saturation.rules.items()},
         numerics=program.report.numerics,
         inexact_rules={name: count for name, count in saturation.matches_per_rule.items()

@@ -362,3 +362,12 @@ def test_the_graph_keeps_the_seconds_of_each_import_step():
     graph = import_model(MODELS_DIR / "bert_tiny_op9.onnx")
     assert set(graph.import_seconds) == {"read", "check", "convert", "infer", "fold", "normalize"}
     assert all(s >= 0 for s in graph.import_seconds.values())
+
+
+def test_the_report_shows_where_import_time_went():
+    report = ef.compile(MODELS_DIR / "bert_tiny_op9.onnx").report
+    assert set(report.import_seconds) == {"read", "check", "convert", "infer", "fold",
+                                          "normalize"}
+    time_line = next(l for l in report.summary().splitlines() if l.startswith("time"))
+    assert "import " in time_line and "(read " in time_line and "normalize " in time_line
+    assert report.as_dict()["import_seconds"] == report.import_seconds

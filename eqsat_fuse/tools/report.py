@@ -56,6 +56,8 @@ class Report:
     nodes_added_by_conversion: int = 0    # nodes the upgrade from source_opset added
     rulesets: dict[str, str] = field(default_factory=dict)   # rule name -> its ruleset
     notes: list[str] = field(default_factory=list)  # e.g. user rules the strategy cannot fire
+    import_seconds: dict[str, float] = field(default_factory=dict)   # import's steps
+    # (ir.Graph.import_seconds: read, conversion, checker, shape inference, folding, ...)
     saturation_iterations: list[dict[str, Any]] = field(default_factory=list)   # one
     # saturate.IterationRecord (as a dict) per iteration: rules matched, matches, e-nodes, seconds
     numerics: str = "exact"               # the numerics mode (eqsat_fuse.numerics)
@@ -76,6 +78,12 @@ class Report:
             return ""
         verb = "added" if added > 0 else "removed"
         return f" ({added:+d} {verb} by upgrading opset {self.source_opset})"
+
+    def _steps(self, stage: str) -> str:
+        """The split of the import stage, " (read 0.40s, infer 0.10s, ...)", else ""."""
+        if stage != "import" or not self.import_seconds:
+            return ""
+        return " (" + ", ".join(f"{k} {v:.2f}s" for k, v in self.import_seconds.items()) + ")"
 
     def as_dict(self) -> dict[str, Any]:
         return dict(asdict(self), fusions=self.fusions)
@@ -117,7 +125,8 @@ class Report:
             + _extraction_note(self.extraction),
             f"memory        peak {self.peak_bytes / 1024:.1f} KiB (lower bound "
             f"{self.lower_bound_bytes / 1024:.1f} KiB, separate {self.separate_bytes / 1024:.1f} KiB)",
-            "time          " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()),
+            "time          " + ", ".join(f"{k} {v:.2f}s" + self._steps(k)
+                                         for k, v in self.timings.items()),
         ]
         b = self.backend_report
         if b.get("backend") == "numba":
