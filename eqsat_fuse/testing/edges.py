@@ -190,7 +190,8 @@ class _EdgeBuilder:
             forms.append((shape[1], 1, 1))
         if not x.loose:
             forms += [shape, shape[-1:]] + ([shape[1:]] if len(shape) >= 2 else [])
-        return tuple(self.choice(forms))
+        # (1,) grows a scalar x to [1]: the op's output would not have x's shape
+        return tuple(self.choice([f for f in forms if _broadcasts_into(f, shape)]))
 
     # -- families (each returns nothing; a family that cannot apply does nothing)
     def f_unary(self) -> None:
