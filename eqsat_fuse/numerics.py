@@ -36,10 +36,14 @@ from .errors import EqsatFuseError, RuleFileError
 MODES = ("exact", "fast")
 DEFAULT = "exact"
 
-# The LLVM fast-math flags of the generated Numba kernels in each mode. "contract" (a*b+c as a
-# fused multiply-add) rounds once instead of twice: it never creates a NaN, an inf or a signed
-# zero that the separate operations would not, and it is within the contract's bound.
-FASTMATH = {"exact": frozenset({"contract"}), "fast": frozenset({"contract", "arcp", "nsz"})}
+# The LLVM fast-math flags of the generated Numba kernels in each mode. Exact mode has none:
+# even "contract" (a*b+c as one fused multiply-add) changes special values, since x*3.4e38 + inf
+# is NaN where x*3.4e38 overflows to -inf but inf as an FMA (the edge fuzzer found it).
+FASTMATH = {"exact": frozenset(), "fast": frozenset({"contract", "arcp", "nsz"})}
+# The hand-written runtime (backends/numba/kernels.py: im2col and depthwise convolutions,
+# pooling) is compiled once for both modes: its sums of products may use FMAs, as onnxruntime's
+# MLAS convolutions do; no arcp, no nsz.
+RUNTIME_FASTMATH = frozenset({"contract"})
 
 _TAG = re.compile(r":numerics(\s+)([^\s()]+)")
 
@@ -55,7 +59,8 @@ def resolve(numerics: str | None) -> str:
 
 def fastmath_source(numerics: str) -> str:
     """The `fastmath=` argument of a generated kernel's `@njit`, as source text."""
-    return "{" + ", ".join(f'"{flag}"' for flag in sorted(FASTMATH[numerics])) + "}"
+    flags = sorted(FASTMATH[numerics])
+    return "{" + ", ".join(f'"{flag}"' for flag in flags) + "}" if flags else "False"
 
 
 @dataclass(frozen=True)

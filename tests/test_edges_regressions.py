@@ -25,3 +25,15 @@ def test_conv_times_zero_keeps_the_sign_of_zero(backend):
     case = GraphCase(model, {"x": np.array([-2.0, 3.0], np.float32).reshape(1, 1, 1, 2)},
                      "Conv * 0")
     assert check_edge_case(case, backend=backend) == "ok"
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_an_overflowing_product_plus_inf_is_nan_not_a_fused_multiply_add(backend):
+    """x * 3.4e38 + inf: the product overflows to -inf for a negative x, and -inf + inf is NaN;
+    an FMA (LLVM `contract`) adds the exact product instead and gives inf."""
+    model = onnx.parser.parse_model(_HEADER + """
+        g (float[4] x) => (float[4] y) <float big = {3.4028235e+38}, float i = {inf}> {
+            p = Mul (x, big)
+            y = Add (p, i) }""")
+    case = GraphCase(model, {"x": np.array([1.0, -0.5, -2.0, 0.0], np.float32)}, "x*max + inf")
+    assert check_edge_case(case, backend=backend) == "ok"

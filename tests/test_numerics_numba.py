@@ -3,8 +3,9 @@ minimal case compiled on both backends and compared with the oracle (onnxruntime
 graph optimizations off, or `onnx.reference` where onnxruntime itself departs from the spec)
 in values and, exactly, in which elements are NaN, +-inf or signed zero.
 
-The contract: no kernel may change which elements are NaN, +-inf or a signed zero (fastmath
-`contract` only changes the last bits; `arcp` and `nsz` are off, see backends/numba/source.py).
+The contract: no kernel may change which elements are NaN, +-inf or a signed zero (exact mode
+compiles the generated kernels without fast-math flags, not even `contract`; see
+eqsat_fuse/numerics.py).
 The rewrites' side of the contract (items 1-5) is tests/test_numerics_contract.py.
 """
 

@@ -15,14 +15,15 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ...numerics import FASTMATH
+from ...numerics import RUNTIME_FASTMATH
 from .approx import exp_f32, f16_to_f32
 
 U = np.uint64        # unsigned indices: Numba adds no negative-index wraparound, loops vectorize
-# The hand-written runtime is compiled once for both numerics modes, so with the exact mode's
-# flags (`eqsat_fuse.numerics.FASTMATH["exact"]`): no `arcp` (AveragePool's division by the
-# window count stays a division) and no `nsz` (signed zeros survive the pools and products).
-_OPTS = dict(cache=True, error_model="numpy", fastmath=set(FASTMATH["exact"]))
+# The hand-written runtime is compiled once for both numerics modes
+# (`eqsat_fuse.numerics.RUNTIME_FASTMATH`): FMAs in its sums of products, as onnxruntime's
+# MLAS kernels; no `arcp` (AveragePool's division by the window count stays a division) and no
+# `nsz` (signed zeros survive the pools and products).
+_OPTS = dict(cache=True, error_model="numpy", fastmath=set(RUNTIME_FASTMATH))
 
 
 def _host_has_avx512() -> bool:
