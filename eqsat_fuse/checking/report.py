@@ -187,7 +187,9 @@ class RuleResult:
     """What the checker found for one rule."""
 
     rule: Rule
-    status: str                              # "passed" | "unsound" | "unchecked" | "fact"
+    # "passed" | "unsound" | "unchecked" | "fact-checked" (a fact that holds by what its
+    # relations mean, facts.py) | "fact" (asserts relations the checker gives no meaning to)
+    status: str
     reason: str = ""
     examples: int = 0                        # instances compared (all directions)
     rejected: int = 0                        # samples that did not instantiate the rule
@@ -264,7 +266,13 @@ class CheckReport:
 
     @property
     def facts(self) -> list[RuleResult]:
+        """The fact rules left unchecked (relations the checker gives no meaning to)."""
         return self.with_status("fact")
+
+    @property
+    def facts_checked(self) -> list[RuleResult]:
+        """The fact rules checked by what their relations mean, and found to hold."""
+        return self.with_status("fact-checked")
 
     @property
     def ok(self) -> bool:
@@ -305,16 +313,24 @@ class CheckReport:
                 lines.append(f"  ok  {r.name:32} {r.location}  {r.examples} examples{rej}{note}"
                              f"{fast}")
                 lines.extend(_notes(r))
-        if self.facts:
+        if self.facts_checked:
             lines.append("")
-            lines.append(f"facts (not an equality): {len(self.facts)} rule(s) only assert facts:")
-            lines.extend(textwrap.wrap(", ".join(r.name for r in self.facts), 98,
+            lines.append(f"facts checked  {len(self.facts_checked)} rule(s) assert facts that "
+                         "hold by what they mean:")
+            lines.extend(textwrap.wrap(", ".join(r.name for r in self.facts_checked), 98,
                                        initial_indent="  ", subsequent_indent="  ",
                                        break_on_hyphens=False))
+        if self.facts:
+            lines.append("")
+            lines.append(f"facts (not an equality): {len(self.facts)} rule(s) only assert facts "
+                         "the checker cannot check:")
+            for r in self.facts:
+                lines.append(f"  {r.name}  ({r.location}): {r.reason}")
         lines.append("")
         verdict = (f"{len(self.unsound)} UNSOUND" if self.unsound else "no unsound rule")
-        lines.append(f"{verdict}; {len(self.passed)} passed, {len(self.unchecked)} unchecked, "
-                     f"{len(self.facts)} facts")
+        checked = (f"{len(self.facts_checked)} facts checked, " if self.facts_checked else "")
+        lines.append(f"{verdict}; {len(self.passed)} passed, {checked}{len(self.unchecked)} "
+                     f"unchecked, {len(self.facts)} facts")
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
@@ -323,5 +339,6 @@ class CheckReport:
                             "zeros must match); fast rules on ordinary values", "examples": self.examples,
                 "seed": self.seed, "seconds": round(self.seconds, 3),
                 "counts": {s: len(self.with_status(s))
-                           for s in ("passed", "unsound", "unchecked", "fact")},
+                           for s in ("passed", "unsound", "unchecked", "fact-checked",
+                                     "fact")},
                 "rules": [r.as_dict() for r in self.results]}

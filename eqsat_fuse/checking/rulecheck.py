@@ -15,7 +15,11 @@ are literals) and compared (float32: |lhs - rhs| <= 1e-5 * max(1, max|lhs|, max|
   left-hand side did; the result carries the (shrunk) counterexample;
 - ``unchecked``: the checker could not instantiate it (its conditions were never met in the
   tries hypothesis made, or it uses a construct the checker does not interpret), with the reason;
-- ``fact``: it only asserts relations (``(fusable e)``): not an equality, nothing to compare.
+- ``fact-checked``: it only asserts relations (``(elementwise e)``, ``(const e)``...), and each
+  holds by what the relation means (`facts`: a permutation test for elementwise, the premises
+  for const, dynamic, fusable and boundary); a wrong one is ``unsound``;
+- ``fact``: it only asserts relations the checker gives no meaning to (a user's own relation),
+  with the reason.
 
 Instances are built constructively from the matched side: each operator of the term language
 has a generator that, given the shape its result must have (or none), derives shapes and
@@ -34,7 +38,8 @@ The checker's parts, one job a module: `patterns` (the rule-pattern language and
 parser), `primitives` (what egglog's primitives and fact functions compute), `hints` (what the
 conditions fix about a sample), `sample` (one attempt at instantiating a rule), `generators`
 and `shape_generators` (one sample generator per operator), `report` (comparing the sides,
-`RuleResult`, `CheckReport`) and this module, the driver: planning each rule, running
+`RuleResult`, `CheckReport`), `facts` (the fact rules, by what their relations
+claim) and this module, the driver: planning each rule, running
 hypothesis over it and collecting the report (`check_rules`).
 """
 
@@ -50,6 +55,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..errors import EqsatFuseError
+from .facts import check_fact
 from .generators import generator_for
 from .hints import _absent_ok, _hints
 from .patterns import (Call, Check, Condition, Eq, Lit, Pattern, Rule, Var, _declarations,
@@ -387,8 +393,7 @@ def _check_rule_plans(rule: Rule, decls: _Decls, absent_ok: dict[str, bool], exa
     sorts = _var_sorts(rule, decls.constructors)
     problem, relies = _static_problems(rule, decls, sorts)
     if problem is None and rule.kind == "fact" and not rule.sets:
-        return RuleResult(rule, "fact", "asserts " + ", ".join(str(a) for a in rule.asserts),
-                          seconds=time.perf_counter() - started)
+        return check_fact(rule, sorts, started)      # checked by what its relations claim
     if problem is not None:
         return RuleResult(rule, "unchecked", problem, relies_on=relies,
                           seconds=time.perf_counter() - started)
