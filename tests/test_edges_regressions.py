@@ -37,3 +37,19 @@ def test_an_overflowing_product_plus_inf_is_nan_not_a_fused_multiply_add(backend
             y = Add (p, i) }""")
     case = GraphCase(model, {"x": np.array([1.0, -0.5, -2.0, 0.0], np.float32)}, "x*max + inf")
     assert check_edge_case(case, backend=backend) == "ok"
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_square_root_power_keeps_the_chain_in_float32(backend):
+    """x ** 0.5 was `np.sqrt(x) if x != -inf else np.inf`: the bare np.inf made the value, and
+    every op after it in the kernel, float64, so (x^0.75)^2 did not overflow for x > 4.9e25
+    and sqrt of it was finite where the model gives +inf."""
+    model = onnx.parser.parse_model(_HEADER + """
+        g (float[1,4] x) => (float[1,4] y) <float h = {0.5}, int64 two = {2}> {
+            r = Pow (x, h)
+            q = Pow (r, h)
+            m = Mul (r, q)
+            s = Pow (m, two)
+            y = Sqrt (s) }""")
+    x = np.array([[4.0, 1e20, 1e30, 3e38]], np.float32)
+    assert check_edge_case(GraphCase(model, {"x": x}, "Pow 0.5 chain"), backend=backend) == "ok"

@@ -32,6 +32,69 @@ def _unary_chain(ops, shape, dtype=TensorProto.FLOAT):
     return make_model(nodes, [("x", shape, dtype)], [("y", shape, dtype)])
 
 
+def _scalar_forms():
+    """(label, BodyNode, constant exponent) for every elementwise op with a Numba scalar form,
+    and each special case of Pow's exponent."""
+    from eqsat_fuse.ir import BodyNode, Operand
+    from eqsat_fuse.ops import OPS
+
+    forms = []
+    for name, spec in OPS.items():
+        if spec.kind != "elementwise" or name in ("Cast",):
+            continue
+        attrs = {a: 0.5 for a in spec.attrs}
+        if name == "Gelu":
+            for approx in ("none", "tanh"):
+                forms.append((f"Gelu-{approx}", BodyNode(name, [Operand("buffer", "x")],
+                                                         {"approximate": approx}), None))
+            continue
+        args = [Operand("buffer", f"x{k}") for k in range(len(spec.inputs))]
+        forms.append((name, BodyNode(name, args, attrs), None))
+    for y in (1.0, 2.0, 3.0, 0.5, -1.0, 1.7, 2):
+        forms.append((f"Pow-{y!r}", BodyNode("Pow", [Operand("buffer", "x0"),
+                                                     Operand("const", "y")], {}), y))
+    return forms
+
+
+@pytest.mark.parametrize("label, node, exponent", _scalar_forms(),
+                         ids=[f[0] for f in _scalar_forms()])
+def test_every_float32_scalar_form_computes_in_float32(label, node, exponent):
+    """A float32 kernel computes every op in float32: a float64 constant anywhere in an op's
+    form (a bare `np.inf`, `1.0` in a sum) makes its value, and every op after it in the
+    kernel, float64, which rounds and overflows differently (x ** 0.5 did, the edge fuzzer
+    found it). Each form is compiled on float32 arguments and its type is read back."""
+    from numba import njit
+
+    from eqsat_fuse.backends.numba import scalars
+    from eqsat_fuse.backends.numba.spaces import Unsupported
+
+    n = len(node.args)
+    names = [f"a{k}" for k in range(n)]
+    dtypes = ["float32"] * n
+    if label == "Pow-2":
+        dtypes[1] = "int64"
+    if node.op == "Where":
+        dtypes[0] = "bool"
+    try:
+        expr = scalars.scalar_expr(node, names, dtypes, "float32",
+                                   lambda i: exponent if i == 1 else None)
+    except Unsupported:
+        pytest.skip(f"{label} has no float32 Numba form")
+    env: dict = {}
+    exec(f"def f({', '.join(names)}):\n    return {expr}\n",
+         {"np": np, "math": __import__("math"), "F32": np.float32,
+          **{k: getattr(__import__("eqsat_fuse.backends.numba.approx",
+                                   fromlist=["x"]), k)
+             for k in ("exp_f32", "tanh_f32", "sigmoid_f32", "erf_f32", "gelu_f32",
+                       "gelu_tanh_f32", "f16_to_f32", "f32_to_f16")}}, env)
+    fn = njit(env["f"])
+    values = [np.bool_(True) if d == "bool" else np.int64(2) if d == "int64"
+              else np.float32(1.5) for d in dtypes]
+    fn(*values)
+    returned = fn.nopython_signatures[0].return_type    # Numba's type; the call boxes it
+    assert str(returned) == "float32", f"{label}: {expr} is {returned}"
+
+
 # -- item 6: x / y with y invariant in the inner loop was x * (1 / y) (fastmath arcp) --
 
 _NUM = np.array([1e-30, 3.0, 2e-39, 1.0], np.float32)

@@ -166,7 +166,8 @@ def _pow_expr(a: str, args: list[str], y, lit: Callable[[float], str], y_dtype: 
         if y == 3.0:
             return f"({a} * {a} * {a})"
         if y == 0.5:     # pow(-inf, 0.5) is +inf and pow(-0, 0.5) +0, where sqrt gives NaN, -0
-            return f"(np.sqrt({a}) if {a} != -np.inf else np.inf) + {lit(0)}"
+            # the inf is of the base's type: a bare np.inf made the whole chain float64
+            return f"(np.sqrt({a}) if {a} != -np.inf else {T}(np.inf)) + {lit(0)}"
         if y == -1.0:
             return f"({lit(1)} / {a})"
     if np.dtype(y_dtype).kind in "iub":
