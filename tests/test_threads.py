@@ -105,6 +105,51 @@ def test_blas_products_with_an_epilogue_split_among_threads(tmp_path, rng):
     assert result.ok, result.summary()
 
 
+def _conv_stack(rng):
+    """A strided Conv (its output rows computed wider, then compacted), a depthwise Conv, a
+    1x1 Conv, a Softmax and a ReduceMean, each large enough to be shared among threads."""
+    def weight(*shape):
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1],
+                              strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], group=32),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"]),
+             helper.make_node("Softmax", ["c3"], ["s"], axis=-1),
+             helper.make_node("ReduceMean", ["s"], ["m"], axes=[-1], keepdims=1),
+             helper.make_node("Sub", ["s", "m"], ["y"])]
+    inits = {"w1": weight(32, 8, 3, 3), "b1": weight(32), "w2": weight(32, 1, 3, 3),
+             "w3": weight(32, 32, 1, 1), "b3": weight(32),
+             "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+    return make_model(nodes, [("x", [1, 8, 128, 128])], [("y", [1, 32, 64, 64])], inits,
+                      opset=17)
+
+
+@needs_two
+def test_convolutions_and_row_kernels_are_shared_among_threads_with_the_same_result(
+        tmp_path, rng):
+    # each kernel runs as one parallel region over blocks (channel blocks of the depthwise
+    # Conv, column chunks of the packed ones, rows of Softmax and of the reduction), every
+    # thread with its own scratch; an element's arithmetic does not depend on the split
+    model = _conv_stack(rng)
+    one = ef.compile(model, backend="numba", cache_dir=tmp_path / "one", threads=1)
+    two = ef.compile(model, backend="numba", cache_dir=tmp_path / "two", threads=2)
+    sources = [p.read_text() for p in (tmp_path / "two").glob("k_*.py")]
+    shared = [s for s in sources if "for p in prange(" in s]
+    assert any("K.depthwise2d(" in s for s in shared), "the depthwise Conv is serial"
+    if PG.AVAILABLE:
+        assert sum("PG.gemm_rows(" in s for s in shared) >= 2, "a packed Conv is serial"
+    assert any("K.row_max(" in s for s in shared), "the Softmax is serial"
+    assert any("CF = C - C % K.LANES" in s for s in shared), "the ReduceMean is serial"
+    assert "parallel=True" not in "".join(p.read_text()
+                                          for p in (tmp_path / "one").glob("k_*.py"))
+    feeds = {"x": rng.standard_normal((1, 8, 128, 128)).astype(np.float32)}
+    np.testing.assert_array_equal(two.run(feeds)["y"], one.run(feeds)["y"])
+    result = two.verify(seed=3)
+    assert result.ok, result.summary()
+
+
 @needs_two
 @pytest.mark.parametrize("backend", ["numba", "numpy"])
 def test_a_run_puts_the_process_thread_settings_back(backend, tmp_path, rng):

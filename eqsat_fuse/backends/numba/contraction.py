@@ -27,6 +27,9 @@ SHIFTED_MAX_WIDTH_RATIO = 1.1
 SHIFTED_MIN_PIXELS = 256
 # constant-weight GEMMs of at least this many multiply-adds share their panels among threads
 PARALLEL_MIN_MACS = 1 << 22
+# a Conv of at least this many multiply-adds shares its channel blocks (depthwise) or column
+# chunks (packed) among the threads, in one parallel region
+PARALLEL_MIN_CONV_MACS = 1 << 20
 # Conv on AVX-512: the packed-weight microkernel over row offsets of the input (conv_packed);
 # output positions go in chunks of at most CONV_CHUNK_PANELS panels whose input slice is within
 # CONV_CHUNK_BYTES, and rows in blocks whose output chunk is within CONV_BLOCK_BYTES
@@ -395,25 +398,53 @@ def _conv_bias(e: Emitter, a: int, node: BodyNode, M: int, epi_nodes: list[int])
 def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[str],
                    gexpr: str) -> None:
     """A depthwise Conv as direct loops (`K.depthwise2d`: 3x3 taps summed in registers) over
-    blocks of channels, each block's epilogue right after it."""
+    blocks of channels, each block's epilogue right after it. With more than one thread and
+    enough work the blocks are shared among the threads (`conv_parts`), each with its own
+    padded-plane scratch."""
     from .kernels import depthwise_pad_size
     code = e.code
     P = g.OH * g.OW
     pad_size = depthwise_pad_size(g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
     wname = code.array(("W", e.kernel.name), ("array", np.ascontiguousarray(wv.reshape(-1))))
-    pad = e.alloc(pad_size)
-    padn = code.int_param(pad_size)
     block = max(1, min(g.M, (1 << 15) // max(P, 1)))
-    code.lines.append(f"PADS = WS[{pad}:{pad} + {padn}]")
+    macs = g.N * g.M * P * g.kh * g.kw
+    if e.backend.threads > 1 and macs >= PARALLEL_MIN_CONV_MACS:
+        block = max(1, min(block, -(-g.M // e.backend.threads)))   # a block a thread at least
+    nblocks = -(-g.M // block)
+    parts = conv_parts(e, macs, nblocks)
+    pad = e.alloc(pad_size * parts)
+    padn = code.int_param(pad_size)
+    code.lines.append(f"PADS = WS[{pad}:{pad} + {code.int_param(pad_size * parts)}]")
     code.lines.append(f"BC = {code.int_param(block)}")
     code.lines.append("for n in range(NB):")
-    code.lines.append("    for m0 in range(0, MO, BC):")
-    code.lines.append("        m1 = min(m0 + BC, MO)")
-    code.lines.append(f"        K.depthwise2d(X, n * CI * HW, {wname}, {gexpr}, m0, m1, PADS, "
+    if parts == 1:
+        code.lines.append("    for m0 in range(0, MO, BC):")
+        scratch, ind = "PADS", "        "
+    else:
+        code.parallel = True
+        code.lines.append(f"    for p in prange({code.int_param(parts)}):")
+        code.lines.append(f"        for bi in range(p * {code.int_param(-(-nblocks // parts))}, "
+                          f"min((p + 1) * {code.int_param(-(-nblocks // parts))}, "
+                          f"{code.int_param(nblocks)})):")
+        code.lines.append("            m0 = bi * BC")
+        scratch, ind = f"PADS[p * {padn}:(p + 1) * {padn}]", "            "
+    code.lines.append(f"{ind}m1 = min(m0 + BC, MO)")
+    code.lines.append(f"{ind}K.depthwise2d(X, n * CI * HW, {wname}, {gexpr}, m0, m1, {scratch}, "
                       f"{acc}, (n * MO + m0) * EC)")
-    code.lines.append("        r0 = n * MO + m0")
-    code.lines.append("        r1 = n * MO + m1")
-    code.lines += ["        " + line for line in lines_epi]
+    code.lines.append(f"{ind}r0 = n * MO + m0")
+    code.lines.append(f"{ind}r1 = n * MO + m1")
+    code.lines += [ind + line for line in lines_epi]
+
+
+def conv_parts(e: Emitter, macs: int, items: int) -> int:
+    """How many threads share a Conv's independent blocks (channel blocks, column chunks):
+    one unless the program has more than one thread, the Conv at least
+    PARALLEL_MIN_CONV_MACS multiply-adds, and there are at least as many blocks as threads.
+    One parallel region per Conv, so its fork and join are paid once."""
+    threads = e.backend.threads
+    if threads == 1 or macs < PARALLEL_MIN_CONV_MACS or items < threads:
+        return 1
+    return threads
 
 
 def conv_im2col(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[str], gexpr: str,
@@ -498,12 +529,15 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
     wname = code.array(("WP", e.kernel.name), ("array", wp))
     tname = code.array(("T", e.kernel.name), ("array", PG.row_table(table)))
     compact = Wq != OW
-    if compact:
-        opb = e.alloc(BM * CC)
-        code.lines.append(f"OPB = WS[{opb}:{opb} + {code.int_param(BM * CC)}]")
     macs = N * M * K_ * OH * OW
-    driver = "gemm_rows_parallel" if e.backend.threads > 1 and macs >= PARALLEL_MIN_MACS \
-        else "gemm_rows"
+    nchunks = -(-PQ // CC)
+    # threads share the column chunks (one parallel region), else a large product's row tiles
+    parts = conv_parts(e, macs, nchunks)
+    driver = "gemm_rows_parallel" if parts == 1 and e.backend.threads > 1 and \
+        macs >= PARALLEL_MIN_MACS else "gemm_rows"
+    if compact:
+        opb = e.alloc(BM * CC * parts)
+        code.lines.append(f"OPB = WS[{opb}:{opb} + {code.int_param(BM * CC * parts)}]")
     code.uses_packed_gemm = True
     for name, v in (("GR", G), ("CG", Cg), ("MG", Mg), ("KK", K_), ("PQ", PQ), ("CC", CC),
                     ("BM", BM), ("WQ", Wq), ("OW_", OW),
@@ -519,27 +553,38 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
         code.lines.append(f"        K.phase_planes({X}, xo, CG, {geo}, {ph_name}, "
                           f"{code.int_param(Hq)}, WQ, XP)")
         src, src_off = "XP", "c0"
-    code.lines.append("        for c0 in range(0, PQ, CC):")
-    code.lines.append("            c1 = min(c0 + CC, PQ)")
-    if compact:
-        code.lines.append("            oc0 = (c0 // WQ) * OW_ + min(c0 % WQ, OW_)")
-        code.lines.append("            oc1 = (c1 // WQ) * OW_ + min(c1 % WQ, OW_)")
+    if parts == 1:
+        code.lines.append("        for c0 in range(0, PQ, CC):")
+        ind, opb_off = "            ", "0"
     else:
-        code.lines.append("            oc0 = c0")
-        code.lines.append("            oc1 = c1")
-    code.lines.append("            for m0 in range(0, MG, BM):")
-    code.lines.append("                m1 = min(m0 + BM, MG)")
-    code.lines.append("                r0 = n * MO + g * MG + m0")
-    code.lines.append("                r1 = n * MO + g * MG + m1")
+        code.parallel = True
+        per = code.int_param(-(-nchunks // parts))
+        code.lines.append(f"        for p in prange({code.int_param(parts)}):")
+        code.lines.append(f"            for ci in range(p * {per}, "
+                          f"min((p + 1) * {per}, {code.int_param(nchunks)})):")
+        code.lines.append("                c0 = ci * CC")
+        ind, opb_off = "                ", "p * BM * CC"
+    code.lines.append(f"{ind}c1 = min(c0 + CC, PQ)")
     if compact:
-        code.lines.append(f"                PG.{driver}({wname}, g * WG + m0 * KK, m1 - m0, KK, "
-                          f"{src}, {src_off}, {tname}, c1 - c0, OPB, 0, CC)")
-        code.lines.append(f"                K.compact_cols(OPB, m1 - m0, CC, c0, c1, WQ, OW_, "
+        code.lines.append(f"{ind}oc0 = (c0 // WQ) * OW_ + min(c0 % WQ, OW_)")
+        code.lines.append(f"{ind}oc1 = (c1 // WQ) * OW_ + min(c1 % WQ, OW_)")
+    else:
+        code.lines.append(f"{ind}oc0 = c0")
+        code.lines.append(f"{ind}oc1 = c1")
+    code.lines.append(f"{ind}for m0 in range(0, MG, BM):")
+    ind += "    "
+    code.lines.append(f"{ind}m1 = min(m0 + BM, MG)")
+    code.lines.append(f"{ind}r0 = n * MO + g * MG + m0")
+    code.lines.append(f"{ind}r1 = n * MO + g * MG + m1")
+    if compact:
+        code.lines.append(f"{ind}PG.{driver}({wname}, g * WG + m0 * KK, m1 - m0, KK, "
+                          f"{src}, {src_off}, {tname}, c1 - c0, OPB, {opb_off}, CC)")
+        code.lines.append(f"{ind}K.compact_cols(OPB[{opb_off}:], m1 - m0, CC, c0, c1, WQ, OW_, "
                           f"{acc}, r0 * EC, EC)")
     else:
-        code.lines.append(f"                PG.{driver}({wname}, g * WG + m0 * KK, m1 - m0, KK, "
+        code.lines.append(f"{ind}PG.{driver}({wname}, g * WG + m0 * KK, m1 - m0, KK, "
                           f"{src}, {src_off}, {tname}, c1 - c0, {acc}, r0 * EC + c0, EC)")
-    code.lines += ["                " + line for line in lines_epi]
+    code.lines += [ind + line for line in lines_epi]
 
 
 def conv_shifted(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: list[str]) -> None:

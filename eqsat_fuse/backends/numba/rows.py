@@ -51,8 +51,12 @@ def gen_rows(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> No
     R, C = space.rows, space.cols
     code.lines.append(f"R = {code.int_param(R)}")
     code.lines.append(f"C = {code.int_param(C)}")
-    ws = e.alloc(C)
-    code.lines.append(f"ROW = WS[{ws}:{ws} + C]")
+    parts = row_parts(e, R, R * C)
+    stride = -(-C // 16) * 16 + 16         # each part's row starts whole cache lines apart
+    ws = e.alloc(stride * parts)
+    start = len(code.lines)
+    row0 = f"{ws} + p * {code.int_param(stride)}" if parts > 1 else ws
+    code.lines.append(f"ROW = WS[{row0}:{row0} + C]")
     code.lines.append("PART = np.empty(K.LANES, np.float32)")
     code.lines.append("for r in range(R):")
     hoist: list[str] = []
@@ -79,6 +83,36 @@ def gen_rows(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> No
     code.lines.append(f"        y = {scale_expr}")
     code.lines += epi
     code.lines.append(f"        out[U(r * C + c)] = {e.store_expr(last)}")
+    share_rows(e, start, parts, R)
+
+
+# row kernels of at least this many elements share their rows among the threads
+PARALLEL_MIN_ROW_ELEMENTS = 1 << 16
+
+
+def row_parts(e: Emitter, rows: int, numel: int) -> int:
+    """How many threads share a row kernel's rows: one unless the program has more than one
+    thread, the kernel at least PARALLEL_MIN_ROW_ELEMENTS elements and two rows a thread."""
+    threads = e.backend.threads
+    if threads == 1 or numel < PARALLEL_MIN_ROW_ELEMENTS or rows < 2 * threads:
+        return 1
+    return threads
+
+
+def share_rows(e: Emitter, start: int, parts: int, rows: int) -> None:
+    """With parts > 1, the kernel's lines from `start` (its row scratch, then `for r in
+    range(R):` and the row's body) become one parallel loop over `parts` contiguous blocks of
+    rows, each part with its own scratch (made inside the part, or indexed by `p`)."""
+    if parts == 1:
+        return
+    code = e.code
+    code.parallel = True
+    per = code.int_param(-(-rows // parts))
+    body = code.lines[start:]
+    i = body.index("for r in range(R):")
+    body[i] = f"for r in range(p * {per}, min(R, (p + 1) * {per})):"
+    code.lines[start:] = [f"for p in prange({code.int_param(parts)}):"] + \
+        ["    " + line for line in body]
 
 
 def _row_statistics(e: Emitter, node: BodyNode, cols_shape) -> str:
@@ -188,6 +222,7 @@ def gen_reduce(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> 
         epi = e.emit_nodes(post_nodes, uses_e, space_e, values_e, "        ", "r", "c",
                            hoist_e)
     last = values_e[e.root]
+    start = len(code.lines)
     _lane_sum(code.lines, hoist, pro, xval, mean)
     code.lines += ["    " + h for h in hoist_e]
     if per_row:
@@ -197,6 +232,7 @@ def gen_reduce(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> 
         code.lines.append("    for c in range(C):")
         code.lines += epi
         code.lines.append(f"        out[U(r * C + c)] = {e.store_expr(last)}")
+    share_rows(e, start, row_parts(e, R, R * C), R)
 
 
 def _reduced_axes(node: BodyNode, rank: int) -> tuple[tuple[int, ...], bool]:
