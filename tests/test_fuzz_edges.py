@@ -16,6 +16,7 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+import eqsat_fuse as ef
 from eqsat_fuse.testing import GraphCase, check_edge_case, edge_graphs, ieee_mismatch
 from eqsat_fuse.testing.edges import TALLY
 
@@ -113,6 +114,30 @@ def test_check_edge_case_catches_a_rule_that_drops_add_zero(tmp_path):
     assert check_edge_case(case) == "ok"
     with pytest.raises(AssertionError, match="sign of zero|failed|crash"):
         check_edge_case(case, rules=[str(rule)])
+
+
+def test_check_edge_case_sees_onnxruntime_skip_a_float16_rounding():
+    """onnxruntime's CPU provider computes a float16 Mul in float32 and, when the product is
+    not an output, drops the rounding to float16 before a Cast to float32: -6.1e-5 times the
+    subnormal 4.8e-7 stays a tiny negative there, so Relu gives +0, where ONNX's float16
+    product is -0 and Relu(-0) is -0 (onnxruntime's own Relu; onnx.reference gives +0). The
+    two oracles agree on +0 for different reasons: the checker must call it ambiguous, not a
+    bug (the edge fuzzer's first Numba run found it)."""
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float16[2] x) => (float[2] y) {
+            c = Constant <value = float16[1] {0}> ()
+            p = Mul (x, c)
+            q = Cast <to = 1> (p)
+            y = Relu (q)
+        }""")
+    const = model.graph.node[0].attribute[0].t
+    const.ClearField("int32_data")
+    const.raw_data = np.array([8], np.uint16).tobytes()      # float16 bits 0x0008: 4.8e-7
+    case = GraphCase(model, {"x": np.array([-6.104e-05, 1.0], np.float16)}, "f16 subnormal")
+    outcome = check_edge_case(case, backend="numpy")
+    assert outcome.startswith("ambiguous: onnxruntime's answer changes with every value an "
+                               "output in sign of zero (eqsat-fuse as reference)"), outcome
+    assert np.signbit(ef.compile(model).run(case.feeds)["y"][0])
 
 
 # ---- compiled edge graphs against onnxruntime --------------------------------------------------
