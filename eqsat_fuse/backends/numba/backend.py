@@ -42,12 +42,15 @@ Kernel families:
   which takes leading dimensions and transposes so transposed or sliced views need no copy.
   BLAS runs single-threaded while a program runs (`eqsat_fuse.threads`), so with more than one
   thread a large product is split among Numba's threads (`kernels.gemm_parallel`, or the
-  batch of a batched product in `prange`) and its epilogue rows run in `prange`;
+  batch of a batched product in `prange`) and its epilogue rows run in `prange`; a Conv of
+  at least 1M multiply-adds shares its channel blocks (depthwise) or column chunks (packed)
+  among the threads in one parallel region, each part with its own scratch;
 - Softmax and LayerNormalization: one row at a time, prologue (the fused elementwise input),
   the row statistics in 16 independent lanes (a vectorized reduction without reassociation)
   and the epilogue; ReduceMean/ReduceSum over trailing axes (an epilogue that reads the
   reduced input or a prologue value, x - mean(x) or Softmax written out, runs per element of
-  the row after its sum), pooling (2-D);
+  the row after its sum), pooling (2-D); with more than one thread and 64K elements or more
+  the rows are shared among the threads in ranges (`rows.share_rows`);
 - data movement (Concat, Gather, constant Pad, views that strides cannot express) as
   generated strided copies.
 
