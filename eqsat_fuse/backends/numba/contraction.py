@@ -553,17 +553,7 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
         code.lines.append(f"        K.phase_planes({X}, xo, CG, {geo}, {ph_name}, "
                           f"{code.int_param(Hq)}, WQ, XP)")
         src, src_off = "XP", "c0"
-    if parts == 1:
-        code.lines.append("        for c0 in range(0, PQ, CC):")
-        ind, opb_off = "            ", "0"
-    else:
-        code.parallel = True
-        per = code.int_param(-(-nchunks // parts))
-        code.lines.append(f"        for p in prange({code.int_param(parts)}):")
-        code.lines.append(f"            for ci in range(p * {per}, "
-                          f"min((p + 1) * {per}, {code.int_param(nchunks)})):")
-        code.lines.append("                c0 = ci * CC")
-        ind, opb_off = "                ", "p * BM * CC"
+    ind, opb_off = _chunk_loop(e, parts, nchunks)
     code.lines.append(f"{ind}c1 = min(c0 + CC, PQ)")
     if compact:
         code.lines.append(f"{ind}oc0 = (c0 // WQ) * OW_ + min(c0 % WQ, OW_)")
@@ -585,6 +575,23 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
         code.lines.append(f"{ind}PG.{driver}({wname}, g * WG + m0 * KK, m1 - m0, KK, "
                           f"{src}, {src_off}, {tname}, c1 - c0, {acc}, r0 * EC + c0, EC)")
     code.lines += [ind + line for line in lines_epi]
+
+
+def _chunk_loop(e: Emitter, parts: int, nchunks: int) -> tuple[str, str]:
+    """The loop over `conv_packed`'s column chunks (c0: the chunk's first position), serial
+    or shared among `parts` threads in ranges of chunks; returns the body's indent and where
+    the part's output block starts in OPB."""
+    code = e.code
+    if parts == 1:
+        code.lines.append("        for c0 in range(0, PQ, CC):")
+        return "            ", "0"
+    code.parallel = True
+    per = code.int_param(-(-nchunks // parts))
+    code.lines.append(f"        for p in prange({code.int_param(parts)}):")
+    code.lines.append(f"            for ci in range(p * {per}, "
+                      f"min((p + 1) * {per}, {code.int_param(nchunks)})):")
+    code.lines.append("                c0 = ci * CC")
+    return "                ", "p * BM * CC"
 
 
 def conv_shifted(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: list[str]) -> None:
