@@ -475,6 +475,7 @@ def ieee_mismatch(got, want, dtype: str | None = None) -> str | None:
 
 
 def _ort(model: onnx.ModelProto, feeds) -> list[np.ndarray]:
+    """onnxruntime's outputs, graph optimizations off, one thread."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -490,7 +491,6 @@ def _ort_every_value(model: onnx.ModelProto, feeds) -> dict[str, np.ndarray]:
     value makes onnxruntime hold it in its declared dtype: for float16 ops its CPU provider has
     no kernel for, it computes in float32 and drops a Cast pair between two of them, so a
     product is not rounded to float16 unless it is an output."""
-    import onnxruntime as ort
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
     typed = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
@@ -500,14 +500,8 @@ def _ort_every_value(model: onnx.ModelProto, feeds) -> dict[str, np.ndarray]:
             if name and name not in have and name in typed:
                 exposed.graph.output.append(typed[name])
                 have.add(name)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(exposed.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
     names = [o.name for o in exposed.graph.output]
-    return dict(zip(names, session.run(None, feeds)))
+    return dict(zip(names, _ort(exposed, feeds)))
 
 
 def _tally(outcome: str) -> str:
@@ -590,7 +584,10 @@ def _ambiguous(case: GraphCase, k: int, want: np.ndarray, got: np.ndarray) -> st
             ref = ReferenceEvaluator(case.model).run(None, case.feeds)[k]
         except Exception as exc:
             return f"onnx.reference fails ({type(exc).__name__}) [{ops}]"
-        exposed = _ort_every_value(case.model, case.feeds).get(name, want)
+        try:
+            exposed = _ort_every_value(case.model, case.feeds).get(name, want)
+        except Exception:            # no third view: the two oracles decide alone
+            exposed = want
     for other, differ in ((ref, "onnxruntime and onnx.reference differ"),
                           (exposed, "onnxruntime's answer changes with every value an output")):
         why = ieee_mismatch(other, want)
