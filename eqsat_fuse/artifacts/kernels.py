@@ -1,8 +1,8 @@
 """The Numba backend's compiled kernels in an artifact: which files they are, where Numba looks
 for them, and whether this machine can use them.
 
-A generated kernel module (`k_<digest>.py`, a segment `s_<digest>.py`: the Numba backend names
-each by the hash of its source) is compiled with `cache=True`, so Numba keeps its machine code
+A generated kernel module (`k_<digest>.py`: the Numba backend names each by the hash of its
+source) is compiled with `cache=True`, so Numba keeps its machine code
 in an index (`<module>.<function>-<line>.py312.nbi`) and data files (`....1.nbc`) in a cache
 folder of its choosing (`__pycache__` beside the module, or under `$NUMBA_CACHE_DIR`). Numba
 uses such an entry only for the same source text (the index holds the source's SHA-256), the

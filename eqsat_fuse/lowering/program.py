@@ -40,7 +40,7 @@ class BackendReport:
     threads: int = 1
     numerics: str = "exact"               # the numerics mode (eqsat_fuse.numerics)
     removed_kernels: int = 0              # recomputed buffers read from the inline copy instead
-    segments: int = 0                     # compiled functions a run calls (kernels in sequence)
+    segments: int = 0                     # dispatches a run makes (each: kernels in sequence)
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

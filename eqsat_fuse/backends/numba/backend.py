@@ -1,5 +1,5 @@
 """The Numba backend: one generated, compiled loop nest per fused kernel, called in sequence
-from one compiled function per program segment.
+by one hand-written compiled loop per program segment.
 
 For each kernel, `NumbaBackend.prepare` writes the source of one Python module holding one
 `@njit` function, from the kernel body only (generated identifiers; numbers enter the source as
@@ -14,14 +14,17 @@ compile) and `generate`, which picks the kernel family. The generator's parts: `
 `Emitter`, the state and small API every family writes one kernel with), the families as
 functions over it (`elementwise`, `contraction`, `rows`, `movement`), `scalars` (the source of
 one op on scalars), `spaces` (tensors, iteration spaces, layout arithmetic), `source` (the
-module text, `RUNTIME_DIGEST`) and `segments` (`segment_source`). The hand-written runtime the
+module text, `RUNTIME_DIGEST`) and `segments` (a segment's tables). The hand-written runtime the
 generated modules call: `kernels`, `approx`, `packed_gemm`.
 
-Segments: lowering groups consecutive compiled kernels (everything between NumPy-only steps:
-opaque nodes, fallbacks) into one generated `@njit` function that calls them in order on views
-of the arena made from addresses (`segment_source`), so Python dispatches once per segment
-instead of once per kernel (a dispatch with 7 array arguments costs a few microseconds; tiny
-models run 30-150 kernels).
+Every kernel has one signature, `kernel(A, G, FP)`: it makes its arrays from its address table
+`A` (`kernels.array_at`), so all compile for the same argument types. Segments: lowering groups
+consecutive compiled kernels (everything between NumPy-only steps: opaque nodes, fallbacks),
+and one hand-written loop, `kernels.run_calls`, calls a segment's kernels in order through
+their entry points from tables (`segments`), so Python dispatches once per segment instead of
+once per kernel (a dispatch with 7 array arguments costs a few microseconds; tiny models run
+30-150 kernels), and no code is compiled per segment (a generated segment function of 220
+calls, the earlier design, took 29 s of a 43 s cold compile).
 
 Kernel families:
 - elementwise (any broadcasting, views read in place): one pass over the output, viewed as rows
@@ -85,10 +88,10 @@ from .emitter import Emitter
 from .movement import gen_copy, gen_movement
 from .rows import gen_pool, gen_reduce, gen_rows
 from .scalars import NP_TYPES
-from .segments import KernelCall, segment_source
+from .segments import KERNEL_SIGNATURE_EXAMPLE
 from .spaces import Tensor, Unsupported
 
-__all__ = ["NumbaBackend", "Impl", "JitStats", "KernelCall", "Unsupported", "default_cache_dir",
+__all__ = ["NumbaBackend", "Impl", "JitStats", "Unsupported", "default_cache_dir",
            "module_origin"]
 
 CACHE_ENV = "EQSAT_FUSE_CACHE_DIR"
@@ -119,7 +122,8 @@ class Impl:
     """What `prepare` gives lowering: a compiled kernel and how to call it."""
 
     fn: Any
-    args: list                        # ("storage", name) | ("array", ndarray) | ("workspace",)
+    args: list                        # ("storage", name) | ("array", ndarray)
+    arg_types: list = field(default_factory=list)   # (dtype as held, ndim): out, args, WS
     workspace_bytes: int = 0
     workspace_dtype: str = "float32"
     inplace_inputs: set = field(default_factory=set)
@@ -171,20 +175,7 @@ def generate(e: Emitter) -> None:
     raise Unsupported(f"anchor {op}")
 
 
-def _launch_threading_layer() -> None:
-    """Start Numba's threading layer before a generated module is loaded.
-
-    Numba starts it when it compiles a parallel loop, and that also registers the symbols the
-    loop's machine code calls (`allocate_sched`, ...). Machine code loaded from the cache skips
-    the compile, and linking it in a process that has not started the layer aborts the whole
-    process ("LLVM ERROR: Symbol not found: allocate_sched"): a second process running a model
-    whose kernels have parallel loops, or call one (`kernels.gemm_parallel`), died that way.
-    Starting it is idempotent and costs about a millisecond, once."""
-    from numba.np.ufunc import parallel
-    parallel._launch_threads()
-
-
-# generated module file name (k_<digest>.py, s_<digest>.py) -> the file this process loaded
+# generated module file name (k_<digest>.py) -> the file this process loaded
 # it from: the module may come from another cache folder that an earlier program used
 _ORIGINS: dict[str, Path] = {}
 
@@ -284,7 +275,8 @@ class NumbaBackend:
             generate(gen)
         source = gen.code.source()
         fn, digest = self.load(source)
-        impl = Impl(fn=fn, args=gen.code.arrays, workspace_bytes=4 * gen.workspace,
+        impl = Impl(fn=fn, args=gen.code.arrays, arg_types=gen.code.arg_types(),
+                    workspace_bytes=4 * gen.workspace,
                     inplace_inputs=gen.inplace, source_hash=digest)
         impl.params = np.asarray(gen.code.params or [0], dtype=np.int64)
         impl.fparams = np.asarray(gen.code.fparams or [0.0], dtype=np.float32)
@@ -309,7 +301,8 @@ class NumbaBackend:
         name = f"eqsat_fuse_{prefix}_{digest}"
         module = sys.modules.get(name)
         if module is None:
-            _launch_threading_layer()    # before any machine code that may call it loads
+            from .kernels import launch_threading_layer
+            launch_threading_layer()      # before any machine code that may call it loads
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
@@ -324,37 +317,27 @@ class NumbaBackend:
         self.stats.sources += 1
         return fn, digest
 
-    def segment(self, calls: list["KernelCall"], dynamic: list[tuple[str, np.dtype]]):
-        """One compiled function that runs `calls` in order: `fn(P, GP, FP, *dynamic arrays)`.
+    def entry(self, fn) -> int:
+        """Compile (or load) a generated kernel for the one signature every kernel has,
+        `kernel(A, G, FP)`; its entry point's address (what `kernels.run_calls` calls)."""
+        return self.compile(fn, KERNEL_SIGNATURE_EXAMPLE)
 
-        Python then pays one dispatch per segment instead of one per kernel. `P` holds the
-        arena's address (P[0]), a scratch vector's (P[1]) and each constant's; `GP`/`FP` are
-        every kernel's integer and float parameters end to end; the dynamic arrays are the
-        graph inputs and outputs the calls touch (flat, float16 as uint16).
-        """
-        source, kernels = segment_source(calls, len(dynamic))
-        for call in calls:                 # compile (or load) each kernel for its argument types
-            self.compile(call.fn, call.example())
-        fn, _ = self.load(source, "segment")
-        example = (np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.float32),
-                   *[np.empty(1, dtype) for _, dtype in dynamic])
-        self.compile(fn, example)
-        return fn
-
-    def compile(self, fn, args: tuple) -> None:
-        """Compile (or load from the disk cache) `fn` for the types of `args`."""
+    def compile(self, fn, args: tuple) -> int:
+        """Compile (or load from the disk cache) `fn` for the types of `args`; the address of
+        that overload's entry point (for `kernels.call_at`)."""
         from numba import typeof
         started = time.perf_counter()
         sig = tuple(typeof(x) for x in args)
-        if sig in fn.overloads:
-            self.stats.seconds += time.perf_counter() - started
-            return
-        hits = sum(fn.stats.cache_hits.values())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fn.compile(sig)
-        if sum(fn.stats.cache_hits.values()) > hits:
-            self.stats.loaded += 1
-        else:
-            self.stats.compiled += 1
+        if sig not in fn.overloads:
+            hits = sum(fn.stats.cache_hits.values())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn.compile(sig)
+            if sum(fn.stats.cache_hits.values()) > hits:
+                self.stats.loaded += 1
+            else:
+                self.stats.compiled += 1
+        result = fn.overloads[sig]
+        address = result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
         self.stats.seconds += time.perf_counter() - started
+        return address

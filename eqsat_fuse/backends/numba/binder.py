@@ -2,9 +2,9 @@
 `NumbaBackend` (`backends.numba.backend`, which generates and compiles the kernels) and binds
 its compiled kernels to the arena with `_NumbaBinder`.
 
-Runs of consecutive compiled kernels are bound into segments: one compiled function per
-segment calls the kernels in order (`NumbaBackend.segment`), so a run pays Python's dispatch
-once per segment. Kernels the generator cannot build (`Unsupported`) and opaque kernels run as
+Runs of consecutive compiled kernels are bound into segments: one hand-written compiled loop
+(`kernels.run_calls`) calls a segment's kernels in order from tables (`segments`), so a run
+pays Python's dispatch once per segment. Kernels the generator cannot build (`Unsupported`) and opaque kernels run as
 NumPy steps between segments. BLAS runs single-threaded inside Numba's parallel loops.
 """
 
@@ -20,8 +20,11 @@ from ...lowering.memory import MemoryPlan
 from ...lowering.program import BackendReport, contiguous
 from ..base import BackendContext, Prepared, Steps, Unsupported
 from ..numpy.backend import NumpyKernel
-from .backend import Impl, KernelCall, NumbaBackend
+from .backend import Impl, NumbaBackend
 from .backend import Unsupported as CannotGenerate
+from .kernels import run_calls
+from .segments import KernelCall, segment_tables
+from .source import held_dtype
 
 
 class NumbaAdapter:
@@ -88,9 +91,9 @@ class NumbaAdapter:
 
 
 class _NumbaBinder:
-    """Binds compiled kernels to the arena: one `KernelCall` per kernel (where each argument
-    lives), a per-kernel step for profiling, and segments (runs of consecutive calls compiled
-    into one function, so Python dispatches once per segment rather than once per kernel)."""
+    """Binds compiled kernels to the arena: for each kernel call its address table (where each
+    array it reads and writes lives), its parameters, a per-kernel step (for profiling) and
+    segments (runs of consecutive calls that `kernels.run_calls` makes in one dispatch)."""
 
     def __init__(self, backend, plan: KernelPlan, memory: MemoryPlan, arena: np.ndarray,
                  flats: dict, workspaces: dict, constants: dict, dynamic_storages: set,
@@ -106,135 +109,120 @@ class _NumbaBinder:
         self.final_storage = final_storage
         self.stored_dtype = stored_dtype
         self.scratch = np.zeros(16, dtype=np.float32)
-        self.keep: list[np.ndarray] = []            # arrays whose addresses P holds
-        self.pointers: list[int] = [arena.ctypes.data if arena.size else self.scratch.ctypes.data,
-                                    self.scratch.ctypes.data]
-        self.const_index: dict[tuple, int] = {}
+        self.base = arena.ctypes.data if arena.size else self.scratch.ctypes.data
+        self.keep: list[np.ndarray] = []            # arrays whose addresses the tables hold
+        self.kept: set[tuple] = set()
+        self.a: list[int] = []
         self.gp: list[np.ndarray] = []
         self.fp: list[np.ndarray] = []
         self.gp_size = 0
         self.fp_size = 0
-        self.P = None
+        self.A = None
         self.GP = None
         self.FP = None
-        self.segments: list = []
 
-    @staticmethod
-    def _as_stored(dtype) -> str:
-        dtype = np.dtype(dtype)
-        return "uint16" if dtype == np.float16 else str(dtype)
-
-    def _dyn_dtype(self, storage: str) -> np.dtype:
-        info = self.plan.inputs.get(storage) or self.plan.buffers[storage]
-        return np.dtype(info.dtype)
+    def _dyn_info(self, storage: str):
+        return self.plan.inputs.get(storage) or self.plan.buffers[storage]
 
     def _const(self, array: np.ndarray) -> tuple:
+        """(address, dims, dtype as held) of a constant, kept alive by the binder."""
         array = contiguous(array)
         key = (array.__array_interface__["data"][0], array.shape, array.dtype.str)
-        index = self.const_index.get(key)
-        if index is None:
-            index = len(self.pointers)
-            self.const_index[key] = index
+        if key not in self.kept:
+            self.kept.add(key)
             self.keep.append(array)
-            self.pointers.append(array.ctypes.data if array.size else self.scratch.ctypes.data)
-        return ("const", index, tuple(array.shape), self._as_stored(array.dtype))
+        address = array.ctypes.data if array.size else self.scratch.ctypes.data
+        return address, tuple(int(n) for n in array.shape) or (1,), held_dtype(array.dtype)
 
-    def _storage(self, storage: str) -> tuple:
+    def _storage(self, storage: str, dyn: list, at: int) -> tuple:
+        """(address, dims, dtype as held) of a buffer; a run's own arrays get address 0 here
+        and their position in `dyn`."""
         storage = self.final_storage(storage)
         if storage in self.dynamic:
-            return ("dyn", storage, self._as_stored(self._dyn_dtype(storage)))
+            info = self._dyn_info(storage)
+            dyn.append((at, storage))
+            return 0, (int(np.prod(info.shape, dtype=np.int64)),), held_dtype(info.dtype)
         if storage in self.constants:
             return self._const(self.constants[storage].reshape(-1))
         dtype = np.dtype(self.stored_dtype(storage))
         size = self.memory.sizes[storage] // dtype.itemsize
-        return ("arena", self.memory.offsets[storage], size, self._as_stored(dtype))
+        return self.base + self.memory.offsets[storage], (size,), held_dtype(dtype)
 
-    def call(self, impl, kernel: Kernel, step: int):
-        args = [self._storage(self.backend.layouts[kernel.output].storage)]
-        for spec in impl.args:
-            args.append(self._storage(spec[1]) if spec[0] == "storage" else self._const(spec[1]))
+    def call(self, impl, kernel: Kernel, step: int) -> KernelCall:
+        """The kernel's call: its address table appended to the program's, checked against the
+        array types its source declares."""
+        dyn: list[tuple[int, str]] = []
+        a0 = len(self.a)
+        places = []
+        for spec in [("storage", self.backend.layouts[kernel.output].storage), *impl.args]:
+            at = a0 + sum(1 + len(p[1]) for p in places)
+            places.append(self._storage(spec[1], dyn, at) if spec[0] == "storage"
+                          else self._const(spec[1]))
+        ws = self.memory.workspace.get(step)
+        if ws is not None:
+            places.append((self.base + self.memory.offsets[ws],
+                           (self.memory.sizes[ws] // 4,), "float32"))
+        else:
+            places.append((self.scratch.ctypes.data, (1,), "float32"))
+        declared = [(dtype, len(dims)) for _, dims, dtype in places]
+        if declared != impl.arg_types:
+            raise AssertionError(f"kernel {kernel.name}: its source reads {impl.arg_types}, "
+                                 f"the program binds {declared}")
+        for address, dims, _ in places:
+            self.a += [address, *dims]
         g0, f0 = self.gp_size, self.fp_size
         self.gp.append(impl.params)
         self.fp.append(impl.fparams)
         self.gp_size += impl.params.size
         self.fp_size += impl.fparams.size
-        args += [("gp", g0, self.gp_size), ("fp", f0, self.fp_size)]
-        ws = self.memory.workspace.get(step)
-        if ws is not None:
-            args.append(("arena", self.memory.offsets[ws], self.memory.sizes[ws] // 4, "float32"))
-        else:
-            args.append(("scratch",))
-        return KernelCall(impl.fn, impl.source_hash, args)
+        entry = self.backend.entry(impl.fn)
+        return KernelCall(impl.fn, impl.source_hash, entry, (a0, len(self.a)),
+                          (g0, self.gp_size), (f0, self.fp_size), dyn)
 
     def _tables(self) -> None:
-        if self.P is None or len(self.P) != len(self.pointers):
-            self.P = np.asarray(self.pointers, dtype=np.int64)
+        if self.A is None or self.A.size != max(len(self.a), 1):
+            self.A = np.asarray(self.a or [0], dtype=np.int64)
         if self.GP is None or self.GP.size != max(self.gp_size, 1):
             self.GP = np.concatenate(self.gp) if self.gp else np.zeros(1, np.int64)
             self.FP = np.concatenate(self.fp) if self.fp else np.zeros(1, np.float32)
 
-    def step(self, call) -> Callable[[dict], None]:
-        """The kernel alone (Python binds its arrays each call): for per-kernel timing."""
-        fixed: list = []
-        dynamic: list[tuple[int, str, bool]] = []
-        for spec in call.args:
-            kind = spec[0]
-            if kind == "arena":
-                _, offset, numel, dtype = spec
-                fixed.append(self.arena[offset:offset + numel * np.dtype(dtype).itemsize]
-                             .view(np.dtype(dtype)))
-            elif kind == "const":
-                fixed.append(self.keep[spec[1] - 2].reshape(spec[2]) if spec[2] else
-                             self.keep[spec[1] - 2])
-            elif kind == "dyn":
-                dynamic.append((len(fixed), spec[1], spec[2] == "uint16"))
-                fixed.append(None)
-            elif kind == "gp":
-                fixed.append((kind, spec[1], spec[2]))
-            elif kind == "fp":
-                fixed.append((kind, spec[1], spec[2]))
-            else:
-                fixed.append(self.scratch)
-        fn = call.fn
+    def _patcher(self, calls: list[KernelCall]) -> Callable[[dict], None]:
+        """Writes a run's own arrays' addresses (the feeds, the caller's outputs) into A."""
+        positions: dict[str, list[int]] = {}
+        for call in calls:
+            for at, storage in call.dyn:
+                positions.setdefault("flat:" + storage, []).append(at)
+        slots = [(key, np.asarray(at, dtype=np.int64)) for key, at in positions.items()]
         binder = self
+
+        def patch(dyn: dict) -> None:
+            A = binder.A
+            for key, at in slots:
+                A[at] = dyn[key].ctypes.data
+        return patch
+
+    def step(self, call: KernelCall) -> Callable[[dict], None]:
+        """The kernel alone, one dispatch: for per-kernel timing."""
+        patch = self._patcher([call])
+        fn, binder = call.fn, self
+        (a0, a1), (g0, g1), (f0, f1) = call.a, call.g, call.f
 
         def step(dyn: dict) -> None:
             binder._tables()
-            args = list(fixed)
-            for i, a in enumerate(args):
-                if isinstance(a, tuple):
-                    args[i] = (binder.GP if a[0] == "gp" else binder.FP)[a[1]:a[2]]
-            for index, storage, half in dynamic:
-                flat = dyn["flat:" + storage]
-                args[index] = flat.view(np.uint16) if half else flat
-            fn(*args)
+            patch(dyn)
+            fn(binder.A[a0:a1], binder.GP[g0:g1], binder.FP[f0:f1])
 
         return step
 
-    def segment(self, calls: list) -> Callable[[dict], None]:
-        """One compiled function running `calls`; returns the run step that calls it."""
-        order: list[str] = []
-        for call in calls:
-            for spec in call.args:
-                if spec[0] == "dyn" and spec[1] not in order:
-                    order.append(spec[1])
-        index = {storage: i for i, storage in enumerate(order)}
-        calls = [type(c)(c.fn, c.digest, [("dyn", index[s[1]], s[2]) if s[0] == "dyn" else s
-                                          for s in c.args]) for c in calls]
-        dtypes = [(s, np.dtype(self._as_stored(self._dyn_dtype(s)))) for s in order]
-        half = [dtype == np.uint16 and self._dyn_dtype(s) == np.float16 for s, dtype in dtypes]
-        self._tables()
-        fn = self.backend.segment(calls, dtypes)
+    def segment(self, calls: list[KernelCall]) -> Callable[[dict], None]:
+        """The run step calling `calls` in order in one dispatch (`kernels.run_calls`)."""
+        entries, bounds = segment_tables(calls)
+        patch = self._patcher(calls)
         binder = self
-        keys = ["flat:" + s for s in order]
 
-        if not any(half):
-            def run(dyn: dict) -> None:
-                fn(binder.P, binder.GP, binder.FP, *[dyn[k] for k in keys])
-        else:
-            def run(dyn: dict) -> None:
-                fn(binder.P, binder.GP, binder.FP,
-                   *[dyn[k].view(np.uint16) if h else dyn[k] for k, h in zip(keys, half)])
+        def run(dyn: dict) -> None:
+            patch(dyn)
+            run_calls(entries, bounds, binder.A, binder.GP, binder.FP)
         run.segment = True
         run.calls = len(calls)
         return run

@@ -44,6 +44,7 @@ class Emitter:
         self.dtypes = node_dtypes(kernel.body, backend.operand_dtype)
         self.out_dtype = kernel.info.dtype
         self.out_stored = backend.stored_dtype(kernel.output)
+        self.code.out_stored = self.out_stored
         self.workspace = 0          # float32 elements
         self.inplace: set[str] = set()
         # (storage, offset, strides, row var, col var) -> the variable holding that load
@@ -82,7 +83,7 @@ class Emitter:
         """The kernel argument (or local array) holding t's storage."""
         if t.storage.startswith("@"):
             return t.storage[1:]          # a local array of the kernel (its accumulator)
-        return self.code.array(("storage", t.storage), ("storage", t.storage))
+        return self.code.array(("storage", t.storage), ("storage", t.storage), t.stored)
 
     def load_expr(self, t: Tensor, index: str) -> str:
         """Source of one element of t at the element offset `index`, widened from float16

@@ -35,6 +35,20 @@ def _runtime_digest() -> str:
 RUNTIME_DIGEST = _runtime_digest()
 
 
+_NP_NAME = {"bool": "bool_"}
+
+
+def held_dtype(dtype) -> str:
+    """The dtype of the array a kernel reads a buffer through: float16 is held as uint16
+    (Numba has no float16; the kernels convert with F16C)."""
+    name = str(np.dtype(dtype))
+    return "uint16" if name == "float16" else name
+
+
+def _np_name(dtype: str) -> str:
+    return _NP_NAME.get(dtype, dtype)
+
+
 class ModuleSource:
     """Accumulates one generated module: argument names, integer parameters and code lines."""
 
@@ -44,6 +58,10 @@ class ModuleSource:
         self.fparams: list[float] = []        # float scalars packed into one float32 array
         self.arrays: list[tuple] = []         # kernel array arguments, in order
         self.array_names: dict[Any, str] = {}
+        # (dtype as held, ndim) of every array the kernel reads from its address table, in
+        # order: out, the arrays, WS (`arg_types`)
+        self.array_types: list[tuple[str, int]] = []
+        self.out_stored = "float32"
         self.lines: list[str] = []
         self.header: list[str] = []
         self.uses_packed_gemm = False
@@ -65,14 +83,25 @@ class ModuleSource:
         self.fparams.append(float(value))
         return f"FP[{len(self.fparams) - 1}]"
 
-    def array(self, key, spec) -> str:
+    def array(self, key, spec, stored: str | None = None) -> str:
+        """The name of an array argument: ("storage", name) with its stored dtype, or
+        ("array", ndarray), a constant the kernel owns (packed weights, tables)."""
         if key not in self.array_names:
             self.array_names[key] = f"a{len(self.arrays)}"
             self.arrays.append(spec)
+            if spec[0] == "array":
+                self.array_types.append((held_dtype(spec[1].dtype), max(spec[1].ndim, 1)))
+            else:
+                self.array_types.append((held_dtype(stored), 1))
         return self.array_names[key]
 
+    def arg_types(self) -> list[tuple[str, int]]:
+        """(dtype as held, ndim) of out, the array arguments and WS: what the address table of
+        a call must describe (`binder` checks it)."""
+        return [(held_dtype(self.out_stored), 1), *self.array_types, ("float32", 1)]
+
     def source(self) -> str:
-        names = ["out", *[self.array_names[k] for k in self.array_names], "G", "FP", "WS"]
+        names = ["out", *[self.array_names[k] for k in self.array_names], "WS"]
         decorator = (f"@njit(cache=True, error_model='numpy', fastmath={fastmath_source(self.numerics)}"
                      + (", parallel=True" if self.parallel else "") + ")")
         head = [
@@ -91,14 +120,20 @@ class ModuleSource:
               if self.uses_packed_gemm else []),
             "",
             decorator,
-            f"def kernel({', '.join(names)}):",
+            "def kernel(A, G, FP):",
         ]
         # integer parameters become locals first: LLVM cannot prove that `out` does not alias
         # G, so G[i] inside a loop would be reloaded each iteration and block vectorization
         import re
         used = sorted({int(i) for line in self.lines for i in re.findall(r"\bG\[(\d+)\]", line)})
         lines = [re.sub(r"\bG\[(\d+)\]", r"g\1", line) for line in self.lines]
-        body = [f"    g{i} = G[{i}]" for i in used] + ["    " + line for line in lines]
+        views, at = [], 0
+        for name, (dtype, ndim) in zip(names, self.arg_types()):
+            shape = f"A[{at + 1}]" if ndim == 1 else \
+                "(" + "".join(f"A[{at + 1 + d}], " for d in range(ndim)) + ")"
+            views.append(f"    {name} = K.array_at(A[{at}], {shape}, np.{_np_name(dtype)})")
+            at += 1 + ndim
+        body = views + [f"    g{i} = G[{i}]" for i in used] + ["    " + line for line in lines]
         from .kernels import WIDE_VECTORS
         if WIDE_VECTORS:
             body.insert(0, "    K.wide_vectors()")
