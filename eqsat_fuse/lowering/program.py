@@ -34,7 +34,8 @@ class BackendReport:
     copy_kernels: int = 0                 # movement kernels run as NumPy copies
     opaque_kernels: int = 0               # run by onnx.reference
     jit_seconds: float = 0.0
-    jit_compiled: int = 0                 # compiled in this process
+    jit_compiled: int = 0                 # compiled in this process or its workers
+    jit_workers: int = 0                  # worker processes that compiled kernels
     jit_loaded: int = 0                   # loaded from the disk cache
     sources: int = 0                      # distinct generated sources
     threads: int = 1

@@ -132,7 +132,10 @@ class Report:
         if b.get("backend") == "numba":
             lines.append(f"numba         {b['compiled_kernels']}/{b['kernels']} kernels compiled "
                          f"({b['sources']} sources; JIT {b['jit_seconds']:.2f}s: "
-                         f"{b['jit_compiled']} compiled, {b['jit_loaded']} from cache), "
+                         f"{b['jit_compiled']} compiled"
+                         + (f" with {b['jit_workers']} worker process(es)"
+                            if b.get("jit_workers") else "")
+                         + f", {b['jit_loaded']} from cache), "
                          f"{len(b['fallback_kernels'])} fell back to NumPy, "
                          f"{b['copy_kernels']} copies, {b['threads']} thread(s)")
         if b.get("storage_dtype", "float32") != "float32":

@@ -110,7 +110,8 @@ def default_cache_dir() -> Path:
 class JitStats:
     kernels: int = 0                  # compiled kernels used by the program
     sources: int = 0                  # distinct generated sources
-    compiled: int = 0                 # compiled in this process
+    compiled: int = 0                 # compiled in this process or its workers
+    workers: int = 0                  # worker processes that compiled kernels
     loaded: int = 0                   # loaded from the on-disk cache
     seconds: float = 0.0              # time spent generating, compiling and loading
     fallbacks: list[tuple[str, str]] = field(default_factory=list)   # (kernel, why)
@@ -316,6 +317,16 @@ class NumbaBackend:
         self.modules[key] = fn
         self.stats.sources += 1
         return fn, digest
+
+    def precompile(self, fns: list) -> None:
+        """Compile the kernels `fns` on the program's cores at once (`parallel_jit`); the
+        binder's `entry` calls then find them compiled or in the disk cache."""
+        from .parallel_jit import compile_all
+        started, seconds = time.perf_counter(), self.stats.seconds
+        self.stats.workers, elsewhere = compile_all(fns, self.threads, self.entry)
+        self.stats.compiled += elsewhere
+        self.stats.loaded -= elsewhere          # counted as loaded when `entry` meets them
+        self.stats.seconds = seconds + time.perf_counter() - started   # wall time, once
 
     def entry(self, fn) -> int:
         """Compile (or load) a generated kernel for the one signature every kernel has,

@@ -59,6 +59,8 @@ class NumbaAdapter:
         run_steps: list[Callable[[dict], None]] = []
         reads: set[str] = set()
         pending: list = []
+        self.backend.precompile([p.impl.fn for p in prepared
+                                 if not isinstance(p.impl, NumpyKernel)])
 
         def flush() -> None:
             if pending:
@@ -86,6 +88,7 @@ class NumbaAdapter:
         stats = self.backend.stats
         report.jit_seconds = stats.seconds
         report.jit_compiled = stats.compiled
+        report.jit_workers = stats.workers
         report.jit_loaded = stats.loaded
         report.sources = stats.sources
 
