@@ -89,6 +89,14 @@ SPECS = [
                  num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
                  use_cache=False, attn_implementation="eager"),
             TEXT128, 17, ["last_hidden_state"]),
+    # the ~2,000-node transformer of issue 20's cold-compile target: the same decoder, 16 layers
+    em.Spec("llama16_decoder_128",
+            "The Llama-style decoder above with 16 layers (about 1,900 ONNX nodes), sequence 128.",
+            "LlamaConfig", "LlamaModel",
+            dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=16,
+                 num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
+                 use_cache=False, attn_implementation="eager"),
+            TEXT128, 17, ["last_hidden_state"]),
 ]
 
 
