@@ -143,3 +143,40 @@ def test_second_process_loads_packed_kernels_from_the_cache(tmp_path, rng):
     (compiled_1, _, ok_1), (compiled_2, loaded_2, ok_2) = runs
     assert ok_1 and ok_2
     assert compiled_1 > 0 and compiled_2 == 0 and loaded_2 > 0
+
+
+_MICROKERNEL_SCRIPT = """
+import numpy as np
+from eqsat_fuse.backends.numba import packed_gemm as PG
+PG.ensure_compiled()
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((7, 40), np.float32), rng.standard_normal((40, 50), np.float32)
+c = np.zeros(7 * 50, np.float32)
+PG.gemm(a.reshape(-1), 0, 40, 0, 7, PG.pack(b), 50, 40, c, 0, 50,
+        np.zeros(PG.a_workspace(7, 40), np.float32))
+print(float(np.abs(c.reshape(7, 50) - a @ b).max()))
+"""
+
+
+def test_the_microkernel_is_compiled_once_per_machine_and_a_bad_copy_is_not_run(tmp_path):
+    """A process stores the microkernel's object code; the next loads it instead of
+    compiling (0.3-0.4 s), and a truncated copy is compiled again, never loaded."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+
+    def run() -> float:
+        proc = subprocess.run([sys.executable, "-c", _MICROKERNEL_SCRIPT], env=env,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return float(proc.stdout.split()[-1])
+
+    assert run() < 1e-4
+    [stored] = (tmp_path / "eqsat_fuse_runtime").glob("microkernel-*.o")
+    stamp = stored.stat().st_mtime_ns
+    assert run() < 1e-4
+    assert stored.stat().st_mtime_ns == stamp            # loaded, not written again
+    stored.write_bytes(stored.read_bytes()[:-100])       # truncated
+    assert run() < 1e-4
+    assert stored.stat().st_size > 32 and stored.stat().st_mtime_ns != stamp

@@ -82,6 +82,7 @@ import numpy as np
 from ...ir import BodyNode, Kernel, KernelPlan, Operand
 from ...lowering.layout import Layout
 from ...ops import OPS
+from .cache import default_cache_dir
 from .contraction import gen_conv, gen_matmul
 from .elementwise import broadcast_epilogue, gen_elementwise
 from .emitter import Emitter
@@ -93,17 +94,6 @@ from .spaces import Tensor, Unsupported
 
 __all__ = ["NumbaBackend", "Impl", "JitStats", "Unsupported", "default_cache_dir",
            "module_origin"]
-
-CACHE_ENV = "EQSAT_FUSE_CACHE_DIR"
-
-
-def default_cache_dir() -> Path:
-    """`$EQSAT_FUSE_CACHE_DIR`, else the user cache folder (XDG) / eqsat-fuse / kernels."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "eqsat-fuse" / "kernels"
 
 
 @dataclass

@@ -15,7 +15,9 @@ stream); B comes in one of two ways:
   constant weights and row (c, i, j) of the im2col matrix is a shifted view of an input plane,
   so no im2col matrix is built (backend_numba `conv_packed`).
 
-llvmlite compiles the module once per process and registers the entries `eqsat_fuse_mk` and
+llvmlite compiles the module to object code once per machine (0.3-0.4 s; kept in
+`cache.runtime_cache_dir`, keyed by the IR, the CPU and llvmlite's version), each process
+loads that object (about a millisecond) and registers the entries `eqsat_fuse_mk` and
 `eqsat_fuse_mkt` as symbols, which compiled kernels call by name, so they stay cacheable on
 disk (as with the BLAS sgemm symbol).
 
@@ -33,6 +35,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .cache import read_object, runtime_cache_dir, write_object
 from .kernels import WIDE_VECTORS
 
 U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
@@ -176,24 +179,36 @@ _ENGINE = None
 
 
 def ensure_compiled() -> None:
-    """Compile the microkernel for this CPU (once per process, ~0.1 s) and register its symbol.
-    Generated kernel modules that call `gemm` run this when they are imported."""
+    """Load the microkernel's machine code for this CPU (compiled once per machine, see the
+    module's docstring) and register its symbols, once per process. Generated kernel modules
+    that call `gemm` run this when they are imported."""
     global _ENGINE
     if _ENGINE is not None:
         return
     if not AVAILABLE:
         raise RuntimeError("the packed GEMM needs AVX-512")
+    import hashlib
+
+    import llvmlite
     import llvmlite.binding as llvm
     import numba  # noqa: F401  (initializes LLVM's native target the way Numba does)
-    module = llvm.parse_assembly(microkernel_ir())
-    module.verify()
+    source = microkernel_ir()
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
     target = llvm.Target.from_default_triple()
-    machine = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                           features=llvm.get_host_cpu_features().flatten(),
-                                           opt=3)
-    builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
-    builder.getModulePassManager().run(module, builder)
-    engine = llvm.create_mcjit_compiler(module, machine)
+    machine = target.create_target_machine(cpu=cpu, features=features, opt=3)
+    key = hashlib.sha256("\0".join((source, cpu, features, llvmlite.__version__))
+                         .encode()).hexdigest()[:32]
+    path = runtime_cache_dir() / f"microkernel-{key}.o"
+    code = read_object(path)
+    if code is None:
+        module = llvm.parse_assembly(source)
+        module.verify()
+        builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
+        builder.getModulePassManager().run(module, builder)
+        code = machine.emit_object(module)
+        write_object(path, code)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
+    engine.add_object_file(llvm.ObjectFileRef.from_data(code))
     engine.finalize_object()
     for symbol in (SYMBOL, SYMBOL_TABLE):
         llvm.add_symbol(symbol, engine.get_function_address(symbol))
