@@ -2,12 +2,14 @@
 Numba with no rule run, NumPy fused). Medians, ratios to ORT_ENABLE_ALL in the same run,
 geometric means per family.
 
-    .venv/bin/python bench/models.py [--threads N] [--fast-math] [--no-baselines] [MODEL ...]
+    .venv/bin/python bench/models.py [--threads N] [--fast-math] [--no-baselines [--numpy]]
+                                     [MODEL ...]
 
 `--fast-math` also times the Numba program compiled with numerics="fast" (docs/numerics.md)
 beside the default exact one: the `fast` column and `exact/fast`, the cost of exact mode.
 `--no-baselines` leaves out the no-rules Numba program and the NumPy one (their columns show
-"-"): on deployment-size models their cold compiles take most of the run.
+"-"): on deployment-size models their cold compiles take most of the run; `--numpy` keeps the
+NumPy one (it compiles in seconds: the comparison behind the default backend, docs/backends.md).
 
 MODEL is an .onnx file or a builtin of bench/_common.py (encoder-base, cnn-resnet56,
 elementwise-4M). Default: every test model and the builtins.
@@ -29,6 +31,9 @@ if FAST:
 BASELINES = "--no-baselines" not in sys.argv
 if not BASELINES:
     sys.argv.remove("--no-baselines")
+NUMPY = BASELINES or "--numpy" in sys.argv
+if "--numpy" in sys.argv:
+    sys.argv.remove("--numpy")
 
 import numpy as np  # noqa: E402
 
@@ -61,6 +66,7 @@ def main(names: list[str]) -> None:
         unfused = numpy_fused = None
         if BASELINES:
             unfused = ef.compile(model, backend="numba", budgets=ef.Budgets(iterations=0))
+        if NUMPY:
             numpy_fused = ef.compile(model, backend="numpy")
         fast = ef.compile(model, backend="numba", numerics="fast") if FAST else None
         feeds = random_feeds(fused.plan.inputs, 0)
@@ -98,8 +104,9 @@ def main(names: list[str]) -> None:
         nofuse_ratio = numpy_ratio = "-"
         if unfused is not None:
             fusion.setdefault(family, []).append(t["nofuse"] / t["numba"])
-            nofuse_ratio, numpy_ratio = (f"{t['nofuse'] / t['numba']:.2f}",
-                                         f"{t['numpy'] / t['ort_all']:.2f}")
+            nofuse_ratio = f"{t['nofuse'] / t['numba']:.2f}"
+        if numpy_fused is not None:
+            numpy_ratio = f"{t['numpy'] / t['ort_all']:.2f}"
         print(f"{label:28s} {family:11s} {ms['ort_all']:>9s} {ms['ort_none']:>9s} "
               f"{ms['numba']:>9s} {ms.get('nofuse', '-'):>12s} {ms.get('numpy', '-'):>9s} | "
               f"{r:6.2f} {nofuse_ratio:>12s} {numpy_ratio:>11s}"
