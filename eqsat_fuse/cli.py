@@ -58,9 +58,9 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ilp-seconds", type=float, default=30.0, metavar="S",
                         help="time limit of the ILP extractor (default 30); on a stop the report "
                              "gives the gap to optimal")
-    parser.add_argument("--backend", default="numpy", choices=list(BACKENDS),
-                        help="numpy (default) or numba (each fused kernel JIT-compiled, cached "
-                             "on disk)")
+    parser.add_argument("--backend", default=None, choices=list(BACKENDS),
+                        help="numba (the default: each fused kernel JIT-compiled, cached on "
+                             "disk) or numpy; $EQSAT_FUSE_BACKEND sets another default")
     parser.add_argument("--storage-dtype", choices=list(LOWERED_STORAGE_DTYPES), default=None,
                         help="dtype the intermediates are stored in (computed in float32); "
                              "default: the target's storage_dtype (edge-npu: float16, which "
@@ -546,8 +546,8 @@ def _add_compare_command(sub: argparse._SubParsersAction) -> None:
                          "more than one makes measured times noisier)")
     compare.add_argument("--scheduler", metavar="ADDRESS",
                          help="run the cells on this Dask distributed scheduler")
-    compare.add_argument("--backend", default="numpy", choices=list(BACKENDS),
-                         help="backend to time (default numpy)")
+    compare.add_argument("--backend", default=None, choices=list(BACKENDS),
+                         help="backend to time (default: numba, or $EQSAT_FUSE_BACKEND)")
     compare.add_argument("--repeats", type=int, default=10,
                          help="timed runs per measured cell, after 2 warm-up runs (default 10): "
                               "median, IQR and a bootstrap 95%% interval of the median")

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
+from .backends import resolve_backend
 from .checking.verify import VerifyResult, random_feeds, verify_program
 from .errors import EqsatFuseError
 from .extraction.cost import roots_of
@@ -171,7 +172,7 @@ def _source_proto(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
     return onnx.load(str(model))
 
 
-def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: str = "numpy",
+def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: str | None = None,
             extractor: str = "greedy-dag", rules: list[str | Path] | None = None,
             input_shapes: dict[str, tuple[int, ...]] | None = None,
             budgets: Budgets | None = None,
@@ -190,6 +191,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     saturation in a child process with a memory cap and a deadline (see `limits`).
     `extractor` is "tree", "greedy-dag" or "ilp" (`ilp_seconds` is its time limit); `objective`
     ("latency" or "energy") is what extraction minimizes under the target's cost model.
+    `backend` is "numba" (the default: each fused kernel compiled, the machine code cached on
+    disk) or "numpy"; the environment variable EQSAT_FUSE_BACKEND sets another default.
     `threads` is the program's one thread setting (default: the cores this process may use):
     the Numba backend's parallel loops, with BLAS single-threaded inside them, or the NumPy
     backend's BLAS; each run sets it and puts the process's settings back (see `threads`).
@@ -209,6 +212,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             progress(name)
 
     _check_options(strategy, ilp_seconds)
+    backend = resolve_backend(backend)
     numerics = resolve_numerics(numerics)
     if threads is not None:
         resolve_threads(threads)        # a bad count is refused before minutes of saturation

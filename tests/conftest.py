@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 MODELS_DIR = Path(__file__).parent / "models"
+
+# Most tests compile without naming a backend and are about the pipeline, not the kernels: they
+# run on the NumPy backend, which builds in milliseconds (the default, Numba, compiles each new
+# kernel). EQSAT_FUSE_BACKEND=numba runs them all on Numba; tests of the default itself unset it
+# (test_backends.py). Child processes the tests start inherit it.
+os.environ.setdefault("EQSAT_FUSE_BACKEND", "numpy")
 
 
 def real_models() -> list[dict]:

@@ -31,12 +31,31 @@ def plan():
 
 
 def test_the_registry_names_the_backends_lowering_and_the_cli_offer():
-    assert tuple(backends.BACKENDS) == ("numpy", "numba") == lowering.BACKENDS
+    assert tuple(backends.BACKENDS) == ("numba", "numpy") == lowering.BACKENDS
     assert backends.backend_names() == lowering.BACKENDS
 
 
+def test_the_default_backend_is_numba_and_the_environment_may_name_another(monkeypatch):
+    """What a user who names no backend gets (docs/backends.md gives the measurements), in the
+    library and the CLI alike; the suite itself runs such compiles on NumPy (conftest)."""
+    import subprocess
+    import sys
+    monkeypatch.delenv(backends.DEFAULT_ENV, raising=False)
+    assert ef.compile(demo_model()).report.backend == "numba"
+    cli = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "demo"], capture_output=True,
+                         text=True)
+    assert cli.returncode == 0, cli.stderr
+    assert "backend numba" in cli.stdout
+    monkeypatch.setenv(backends.DEFAULT_ENV, "numpy")
+    assert ef.compile(demo_model()).report.backend == "numpy"
+    assert ef.compile(demo_model(), backend="numba").report.backend == "numba"   # explicit wins
+    monkeypatch.setenv(backends.DEFAULT_ENV, "cuda")
+    with pytest.raises(EqsatFuseError, match="EQSAT_FUSE_BACKEND='cuda' is not a backend"):
+        ef.compile(demo_model())
+
+
 def test_an_unknown_backend_is_refused_with_the_registered_names(plan):
-    with pytest.raises(EqsatFuseError, match="choose one of numpy, numba"):
+    with pytest.raises(EqsatFuseError, match="choose one of numba, numpy"):
         lowering.lower(plan, "cuda")
 
 

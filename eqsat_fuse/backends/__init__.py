@@ -3,9 +3,15 @@ registry of backends: name -> factory (`backends.base` describes the interface).
 
 Factories import their backend when called, so importing this package loads neither NumPy's
 operator table nor Numba (which the Numba backend alone needs).
+
+The default backend is Numba (docs/backends.md gives the measurements behind the choice); the
+environment variable EQSAT_FUSE_BACKEND names another default, for a whole process or test
+suite. A backend passed explicitly always wins.
 """
 
 from __future__ import annotations
+
+import os
 
 from ..errors import EqsatFuseError
 from .base import Backend, BackendContext, BackendFactory
@@ -23,12 +29,25 @@ def _numba(context: BackendContext) -> Backend:
 
 # name -> factory; the first is the default. Validation messages, the CLI's --backend choices
 # and the tests that run every backend read it.
-BACKENDS: dict[str, BackendFactory] = {"numpy": _numpy, "numba": _numba}
+BACKENDS: dict[str, BackendFactory] = {"numba": _numba, "numpy": _numpy}
+DEFAULT_ENV = "EQSAT_FUSE_BACKEND"
 
 
 def backend_names() -> tuple[str, ...]:
     """The registered backends' names, in registry order."""
     return tuple(BACKENDS)
+
+
+def resolve_backend(name: str | None) -> str:
+    """The backend to use: `name`, or when it is None the default (EQSAT_FUSE_BACKEND if set,
+    else the registry's first); EqsatFuseError for a name that is not registered."""
+    if name is None:
+        name = os.environ.get(DEFAULT_ENV) or next(iter(BACKENDS))
+        if name not in BACKENDS:
+            raise EqsatFuseError(f"{DEFAULT_ENV}={name!r} is not a backend; choose one of "
+                                 f"{', '.join(BACKENDS)}")
+    check_backend(name)
+    return name
 
 
 def check_backend(name: str) -> None:

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from ..backends import resolve_backend
 from ..errors import EqsatFuseError
 from . import compare_stats as stats
 
@@ -96,7 +97,7 @@ def measures_here(target: str) -> bool:
     return name == "cpu" or name.endswith("@" + target_name(None).partition("@")[2])
 
 
-def run_cell(cell: dict, rule_files: list[str], backend: str = "numpy", repeats: int = 10,
+def run_cell(cell: dict, rule_files: list[str], backend: str | None = None, repeats: int = 10,
              seed: int = 0, ilp_seconds: float = 30.0, threads: int | None = None) -> dict:
     """Compile, verify and (on this machine's target) time one cell; a row of results
     (errors are recorded, not raised). A baseline cell times onnxruntime instead."""
@@ -217,7 +218,7 @@ def plan_cells(models: Iterable[str], strategies: Iterable[str], targets: Iterab
 
 def compare(models: Iterable[str], out_dir: str | Path, strategies: Iterable[str] = STRATEGIES,
             targets: Iterable[str] = ("cpu",), rule_sets: dict[str, list[str]] | None = None,
-            jobs: int = 1, scheduler: str | None = None, backend: str = "numpy",
+            jobs: int = 1, scheduler: str | None = None, backend: str | None = None,
             repeats: int = 10, seed: int = 0, ilp_seconds: float = 30.0,
             threads: int | None = None, spread_limit: float = stats.SPREAD_LIMIT,
             progress: Callable[[str], None] | None = None) -> list[dict]:
@@ -228,6 +229,7 @@ def compare(models: Iterable[str], out_dir: str | Path, strategies: Iterable[str
     if not 0 < spread_limit:
         raise EqsatFuseError(f"the spread limit must be a fraction > 0, got {spread_limit!r}")
     say = progress or (lambda _message: None)
+    backend = resolve_backend(backend)    # one name for every cell, wherever it runs
     rule_sets = rule_sets or {"shipped": []}
     baselines = _onnxruntime_version() is not None
     if not baselines:
