@@ -72,6 +72,14 @@ _CONVS = [
     dict(c=12, m=12, group=12, size=17, strides=(2, 2), residual=False),
     dict(c=8, m=8, group=8, k=5, pads=(2, 2, 2, 2), strides=(2, 2), residual=False),
     dict(c=8, m=8, group=8, dil=(2, 2), pads=(2, 2, 2, 2)),
+    # strided depthwise, channel-blocked (`kernels._dw_blocked`): a partial last block of 8,
+    # row stride only with dilation and asymmetric pads, stride 3, and one shared by threads
+    dict(c=40, m=40, group=40, k=5, pads=(2, 2, 2, 2), strides=(2, 2), size=19,
+         residual=False),
+    dict(c=20, m=20, group=20, k=3, pads=(1, 0, 2, 1), strides=(2, 1), dil=(2, 2), size=15),
+    dict(c=18, m=18, group=18, k=3, pads=(1, 1, 1, 1), strides=(3, 3), size=16,
+         residual=False),
+    dict(c=64, m=64, group=64, k=5, pads=(2, 2, 2, 2), strides=(2, 2), size=64),
 ]
 
 
@@ -259,6 +267,10 @@ def test_movement_kernels_match_onnxruntime(kernel_cache, rng):
                      ceil_mode=1)),
     ("AveragePool", dict(kernel_shape=[5, 9], pads=[2, 4, 2, 4], strides=[1, 3], ceil_mode=1,
                          count_include_pad=0)),
+    # rows of fewer than 4 outputs take each output's taps in turn (`kernels._pool_narrow`)
+    ("AveragePool", dict(kernel_shape=[7, 7])),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[3, 4], pads=[1, 1, 1, 1],
+                     dilations=[2, 2])),
 ])
 def test_pooling_matches_onnxruntime(op, attrs, kernel_cache, rng):
     import onnx

@@ -401,15 +401,18 @@ def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[st
     blocks of channels, each block's epilogue right after it. With more than one thread and
     enough work the blocks are shared among the threads (`conv_parts`), each with its own
     padded-plane scratch."""
-    from .kernels import depthwise_pad_size
+    from .kernels import DW_LANES, depthwise_pad_size, dw_blocked
     code = e.code
     P = g.OH * g.OW
-    pad_size = depthwise_pad_size(g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw)
+    pad_size = depthwise_pad_size(g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw,
+                                  g.OH, g.OW)
     wname = code.array(("W", e.kernel.name), ("array", np.ascontiguousarray(wv.reshape(-1))))
     block = max(1, min(g.M, (1 << 15) // max(P, 1)))
     macs = g.N * g.M * P * g.kh * g.kw
     if e.backend.threads > 1 and macs >= PARALLEL_MIN_CONV_MACS:
         block = max(1, min(block, -(-g.M // e.backend.threads)))   # a block a thread at least
+    if dw_blocked(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw):    # whole vectors of channels a call
+        block = min(g.M, -(-block // DW_LANES) * DW_LANES)
     nblocks = -(-g.M // block)
     parts = conv_parts(e, macs, nblocks)
     pad = e.alloc(pad_size * parts)
