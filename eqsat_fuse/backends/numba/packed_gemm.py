@@ -66,9 +66,13 @@ def pack(b: np.ndarray) -> np.ndarray:
     b = np.asarray(b, dtype=np.float32)
     k, n = b.shape
     panels = -(-n // NR)
-    padded = np.zeros((k, panels * NR), np.float32)
-    padded[:, :n] = b
-    return np.ascontiguousarray(padded.reshape(k, panels, NR).transpose(1, 0, 2))
+    out = np.empty((panels, k, NR), np.float32)
+    full = n // NR              # whole panels: one strided copy (weights are hundreds of MB)
+    out[:full] = b[:, :full * NR].reshape(k, full, NR).transpose(1, 0, 2)
+    if full < panels:
+        out[full] = 0
+        out[full, :, :n - full * NR] = b[:, full * NR:]
+    return out
 
 
 def _tile_ir(mr: int, table: bool = False) -> str:
