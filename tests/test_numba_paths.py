@@ -115,7 +115,7 @@ def test_packed_conv_is_used_on_avx512(k, direct, tmp_path, rng):
     pads = (k // 2,) * 4
     _check(_compile(_conv_model(rng, size=30, k=k, pads=pads), tmp_path))
     sources = _sources(tmp_path)
-    assert "PG.gemm_rows(" in sources and "np.dot(" not in sources
+    assert "PG.gemm_rows_entry(" in sources and "np.dot(" not in sources
     # a 1x1 stride-1 Conv reads its input in place; others split it by phase, then compact
     assert ("K.phase_planes" in sources) == (not direct)
     assert ("K.compact_cols" in sources) == (not direct)

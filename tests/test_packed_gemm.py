@@ -130,8 +130,8 @@ def test_backend_runs_constant_weight_gemms_packed(threads, gemm, tmp_path, rng)
     assert result.ok, result.summary()
     assert program.report.backend_report["fallback_kernels"] == []
     sources = "".join(p.read_text() for p in tmp_path.glob("k_*.py"))
-    assert "PG.gemm(" in sources
-    assert ("PG.gemm_parallel(" in sources) == (threads > 1)
+    assert "PG.gemm_entry(" in sources
+    assert ("PG.gemm_parallel_entry(" in sources) == (threads > 1)
     assert "np.dot(" not in sources
 
 

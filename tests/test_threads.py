@@ -137,9 +137,9 @@ def test_convolutions_and_row_kernels_are_shared_among_threads_with_the_same_res
     two = ef.compile(model, backend="numba", cache_dir=tmp_path / "two", threads=2)
     sources = [p.read_text() for p in (tmp_path / "two").glob("k_*.py")]
     shared = [s for s in sources if "for p in prange(" in s]
-    assert any("K.depthwise2d(" in s for s in shared), "the depthwise Conv is serial"
+    assert any("K.depthwise2d_entry(" in s for s in shared), "the depthwise Conv is serial"
     if PG.AVAILABLE:
-        assert sum("PG.gemm_rows(" in s for s in shared) >= 2, "a packed Conv is serial"
+        assert sum("PG.gemm_rows_entry(" in s for s in shared) >= 2, "a packed Conv is serial"
     assert any("K.row_max(" in s for s in shared), "the Softmax is serial"
     assert any("CF = C - C % K.LANES" in s for s in shared), "the ReduceMean is serial"
     assert "parallel=True" not in "".join(p.read_text()

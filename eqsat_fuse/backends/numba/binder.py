@@ -3,7 +3,7 @@
 its compiled kernels to the arena with `_NumbaBinder`.
 
 Runs of consecutive compiled kernels are bound into segments: one hand-written compiled loop
-(`kernels.run_calls`) calls a segment's kernels in order from tables (`segments`), so a run
+(`calls.run_calls`) calls a segment's kernels in order from tables (`segments`), so a run
 pays Python's dispatch once per segment. Kernels the generator cannot build (`Unsupported`) and opaque kernels run as
 NumPy steps between segments. BLAS runs single-threaded inside Numba's parallel loops.
 """
@@ -22,7 +22,7 @@ from ..base import BackendContext, Prepared, Steps, Unsupported
 from ..numpy.backend import NumpyKernel
 from .backend import Impl, NumbaBackend
 from .backend import Unsupported as CannotGenerate
-from .kernels import run_calls
+from .calls import run_calls
 from .segments import KernelCall, segment_tables
 from .source import held_dtype
 
@@ -96,7 +96,7 @@ class NumbaAdapter:
 class _NumbaBinder:
     """Binds compiled kernels to the arena: for each kernel call its address table (where each
     array it reads and writes lives), its parameters, a per-kernel step (for profiling) and
-    segments (runs of consecutive calls that `kernels.run_calls` makes in one dispatch)."""
+    segments (runs of consecutive calls that `calls.run_calls` makes in one dispatch)."""
 
     def __init__(self, backend, plan: KernelPlan, memory: MemoryPlan, arena: np.ndarray,
                  flats: dict, workspaces: dict, constants: dict, dynamic_storages: set,
@@ -218,7 +218,7 @@ class _NumbaBinder:
         return step
 
     def segment(self, calls: list[KernelCall]) -> Callable[[dict], None]:
-        """The run step calling `calls` in order in one dispatch (`kernels.run_calls`)."""
+        """The run step calling `calls` in order in one dispatch (`calls.run_calls`)."""
         entries, bounds = segment_tables(calls)
         patch = self._patcher(calls)
         binder = self

@@ -179,8 +179,8 @@ def _constant_b_product(e: Emitter, node: BodyNode, ta: Tensor, tb: Tensor, Bv, 
         driver = ("gemm_parallel" if e.backend.threads > 1
                   and rows * N * Kd >= PARALLEL_MIN_MACS else "gemm")
         code.uses_packed_gemm = True
-        code.lines.append(f"    PG.{driver}(A, 0, {code.int_param(Kd)}, r0, r1, {Bname}, EC, "
-                          f"{code.int_param(Kd)}, {acc}, 0, EC, AP)")
+        code.lines.append(f"    PG.{driver}_entry((A, 0, {code.int_param(Kd)}, r0, r1, {Bname}, EC, "
+                          f"{code.int_param(Kd)}, {acc}, 0, EC, AP))")
     else:
         Bname = code.array(bkey, ("array", np.ascontiguousarray(value, dtype=np.float32)))
         if shares_gemm(e, rows * N * Kd):
@@ -432,8 +432,8 @@ def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[st
         code.lines.append("            m0 = bi * BC")
         scratch, ind = f"PADS[p * {padn}:(p + 1) * {padn}]", "            "
     code.lines.append(f"{ind}m1 = min(m0 + BC, MO)")
-    code.lines.append(f"{ind}K.depthwise2d(X, n * CI * HW, {wname}, {gexpr}, m0, m1, {scratch}, "
-                      f"{acc}, (n * MO + m0) * EC)")
+    code.lines.append(f"{ind}K.depthwise2d_entry((X, n * CI * HW, {wname}, {gexpr}, m0, m1, "
+                      f"{scratch}, {acc}, (n * MO + m0) * EC))")
     code.lines.append(f"{ind}r0 = n * MO + m0")
     code.lines.append(f"{ind}r1 = n * MO + m1")
     code.lines += [ind + line for line in lines_epi]
@@ -570,13 +570,13 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
     code.lines.append(f"{ind}r0 = n * MO + g * MG + m0")
     code.lines.append(f"{ind}r1 = n * MO + g * MG + m1")
     if compact:
-        code.lines.append(f"{ind}PG.{driver}({wname}, g * WG + m0 * KK, m1 - m0, KK, "
-                          f"{src}, {src_off}, {tname}, c1 - c0, OPB, {opb_off}, CC)")
+        code.lines.append(f"{ind}PG.{driver}_entry(({wname}, g * WG + m0 * KK, m1 - m0, KK, "
+                          f"{src}, {src_off}, {tname}, c1 - c0, OPB, {opb_off}, CC))")
         code.lines.append(f"{ind}K.compact_cols(OPB[{opb_off}:], m1 - m0, CC, c0, c1, WQ, OW_, "
                           f"{acc}, r0 * EC, EC)")
     else:
-        code.lines.append(f"{ind}PG.{driver}({wname}, g * WG + m0 * KK, m1 - m0, KK, "
-                          f"{src}, {src_off}, {tname}, c1 - c0, {acc}, r0 * EC + c0, EC)")
+        code.lines.append(f"{ind}PG.{driver}_entry(({wname}, g * WG + m0 * KK, m1 - m0, KK, "
+                          f"{src}, {src_off}, {tname}, c1 - c0, {acc}, r0 * EC + c0, EC))")
     code.lines += [ind + line for line in lines_epi]
 
 

@@ -14,10 +14,10 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-from numba.np.arrayobj import populate_array
 
 from ...numerics import RUNTIME_FASTMATH
 from .approx import exp_f32, f16_to_f32
+from .calls import F32_ARRAY, I64, runtime_entry
 
 U = np.uint64        # unsigned indices: Numba adds no negative-index wraparound, loops vectorize
 # The hand-written runtime is compiled once for both numerics modes
@@ -57,106 +57,6 @@ def wide_vectors(typingctx):
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-@intrinsic
-def address(typingctx, addr):
-    """The integer `addr` as a void pointer, for `numba.carray(address(a), shape, dtype)`.
-
-    Program segments reach the arena and the constants through addresses the program keeps
-    alive, so one call passes a handful of arguments instead of one array per buffer.
-    """
-    sig = types.voidptr(addr)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-
-    return sig, codegen
-
-
-def launch_threading_layer() -> None:
-    """Start Numba's threading layer before a generated module is loaded.
-
-    Numba starts it when it compiles a parallel loop, and that also registers the symbols the
-    loop's machine code calls (`allocate_sched`, ...). Machine code loaded from the cache skips
-    the compile, and linking it in a process that has not started the layer aborts the whole
-    process ("LLVM ERROR: Symbol not found: allocate_sched"): a second process running a model
-    whose kernels have parallel loops, or call one (`gemm_parallel`), died that way. Starting
-    it is idempotent and costs about a millisecond, once."""
-    from numba.np.ufunc import parallel
-    parallel._launch_threads()
-
-
-@intrinsic
-def array_at(typingctx, addr, shape, dtype):
-    """The C-contiguous array of `dtype` at integer address `addr` with `shape` (an int or a
-    tuple of ints): what a kernel makes of its address table. Like `numba.carray`, in a few
-    instructions (carray's checks cost milliseconds of compile per call)."""
-    ndim = 1 if isinstance(shape, types.Integer) else len(shape)
-    element = getattr(dtype, "instance_type", None) or dtype.dtype
-    arrty = types.Array(element, ndim, "C")
-    sig = arrty(addr, shape, dtype)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(arrty)(context, builder)
-        ptr = builder.inttoptr(args[0], context.get_value_type(types.CPointer(element)))
-        itemsize = context.get_abi_sizeof(context.get_data_type(element))
-        intp = context.get_value_type(types.intp)
-        if ndim == 1:
-            dims = [args[1]]
-        else:
-            dims = [builder.extract_value(args[1], i) for i in range(ndim)]
-        dims = [context.cast(builder, d, t, types.intp) for d, t in
-                zip(dims, [shape] if ndim == 1 else shape.types)]
-        strides, step = [], ir.Constant(intp, itemsize)
-        for d in reversed(dims):
-            strides.insert(0, step)
-            step = builder.mul(step, d)
-        populate_array(ary, data=ptr, shape=cgutils.pack_array(builder, dims, intp),
-                       strides=cgutils.pack_array(builder, strides, intp),
-                       itemsize=ir.Constant(intp, itemsize), meminfo=None)
-        return ary._getvalue()
-
-    return sig, codegen
-
-
-@intrinsic
-def call_at(typingctx, addr, args):
-    """Call the compiled function whose entry point is at integer `addr` with the tuple `args`.
-
-    Program segments call their kernels through addresses rather than by name: a call by name
-    links the callee's machine code into the caller, which LLVM then optimizes again. The
-    callee must have been compiled for exactly the types of `args` and return None.
-    """
-    sig = types.none(addr, args)
-    argtys = tuple(args.types)
-
-    def codegen(context, builder, signature, llargs):
-        fnty = context.call_conv.get_function_type(types.none, argtys).as_pointer()
-        callee = builder.inttoptr(llargs[0], fnty)
-        values = [builder.extract_value(llargs[1], i) for i in range(len(argtys))]
-        status, _ = context.call_conv.call_function(builder, callee, types.none, argtys,
-                                                    values)
-        with cgutils.if_unlikely(builder, status.is_error):
-            context.call_conv.return_status_propagate(builder, status)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@njit(cache=True, error_model="numpy")
-def run_calls(E, T, A, G, F):
-    """Run a program segment: call i is the kernel at entry point E[i] with its address table
-    A[T[6i]:T[6i+1]], its integer parameters G[T[6i+2]:T[6i+3]] and float ones
-    F[T[6i+4]:T[6i+5]].
-
-    Every generated kernel has this one signature, `kernel(A, G, FP)`, and makes its arrays
-    from the table (`array_at`), so this loop is compiled once per machine, not per program
-    (a generated segment of 220 calls took 29 s to compile).
-    """
-    for i in range(E.size):
-        j = 6 * i
-        call_at(E[i], (A[T[j]:T[j + 1]], G[T[j + 2]:T[j + 3]], F[T[j + 4]:T[j + 5]]))
 
 
 # ---- streaming (non-temporal) stores -----------------------------------------------------------
@@ -619,6 +519,11 @@ def _dw_blocked(x, xoff, w, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, c0, c1
                     acc[U(dst + ow)] = row[U(ow * L + l)]
 
 
+depthwise2d_entry = runtime_entry(depthwise2d, "K.depthwise2d",
+                               [F32_ARRAY, I64, F32_ARRAY] + [I64] * 14
+                               + [F32_ARRAY, F32_ARRAY, I64])
+
+
 def depthwise_pad_size(H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW) -> int:
     """Elements of the scratch `depthwise2d` needs: one padded plane, or for the channel-
     blocked path a block's padded input, its weights and one output row."""
@@ -746,6 +651,9 @@ def pool2d(x, xoff, planes, H, W, kh, kw, sh, sw, ph, pw, pe_h, pe_w, dh, dw, OH
                 for ow in range(OW):
                     counted = rows_pad * padded_w[ow] if include_pad else rows_in * inside_w[ow]
                     acc[U(k0 + ow)] = acc[U(k0 + ow)] / np.float32(max(counted, 1))
+
+
+pool2d_entry = runtime_entry(pool2d, "K.pool2d", [F32_ARRAY, I64] + [I64] * 17 + [F32_ARRAY])
 
 
 @njit(**_OPTS)

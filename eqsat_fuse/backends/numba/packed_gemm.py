@@ -36,6 +36,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cache import read_object, runtime_cache_dir, write_object
+from .calls import F32_ARRAY, F32_ARRAY3, I64, I64_ARRAY, runtime_entry
 from .kernels import WIDE_VECTORS
 
 U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
@@ -348,4 +349,14 @@ def gemm_rows_parallel(ap, a_off, m, k, b, b_off, table, n, c, c_off, ldc):
     """`gemm_rows` with the row tiles shared among the threads."""
     for t in prange(-(-m // MR)):
         _row_tile(ap, a_off, t, m, k, b, b_off, table, n, c, c_off, ldc)
+
+
+# what generated kernels call, through entry points (`calls.runtime_entry`)
+_GEMM_ARGS = [F32_ARRAY, I64, I64, I64, I64, F32_ARRAY3, I64, I64, F32_ARRAY, I64, I64, F32_ARRAY]
+_ROWS_ARGS = [F32_ARRAY, I64, I64, I64, F32_ARRAY, I64, I64_ARRAY, I64, F32_ARRAY, I64, I64]
+gemm_entry = runtime_entry(gemm, "PG.gemm", _GEMM_ARGS)
+gemm_parallel_entry = runtime_entry(gemm_parallel, "PG.gemm_parallel", _GEMM_ARGS)
+gemm_rows_entry = runtime_entry(gemm_rows, "PG.gemm_rows", _ROWS_ARGS)
+gemm_rows_parallel_entry = runtime_entry(gemm_rows_parallel, "PG.gemm_rows_parallel",
+                                         _ROWS_ARGS)
 

@@ -131,7 +131,7 @@ def _compile_module(name: str, path: str) -> None:
     signature, which writes its cache files."""
     from numba import typeof
 
-    from .kernels import launch_threading_layer
+    from .calls import launch_threading_layer
     from .segments import KERNEL_SIGNATURE_EXAMPLE
     launch_threading_layer()
     spec = importlib.util.spec_from_file_location(name, path)

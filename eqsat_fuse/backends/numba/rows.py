@@ -297,7 +297,8 @@ def gen_pool(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> No
     geo = [N * C, H, W, ks[0], ks[1], st[0], st[1], pb[0], pb[1], pe[0], pe[1], dil[0],
            dil[1], OH, OW, int(is_max), int(include)]
     code.lines.append(f"EC = {code.int_param(OH * OW)}")
-    code.lines.append(f"K.pool2d(X, 0, {', '.join(code.int_param(v) for v in geo)}, {acc})")
+    code.lines.append(f"K.pool2d_entry((X, 0, {', '.join(code.int_param(v) for v in geo)}, "
+                      f"{acc}))")
     code.lines.append(f"r0 = 0")
     code.lines.append(f"r1 = {code.int_param(N * C)}")
     code.lines += lines_epi

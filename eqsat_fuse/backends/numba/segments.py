@@ -1,5 +1,5 @@
 """Program segments: a run of compiled kernels called in order by one hand-written loop
-(`kernels.run_calls`) reading tables, so a run pays Python's dispatch once per segment and no
+(`calls.run_calls`) reading tables, so a run pays Python's dispatch once per segment and no
 code is compiled per segment.
 
 Every generated kernel has one signature, `kernel(A, G, FP)`: `A` its address table (for each

@@ -23,11 +23,12 @@ from ...numerics import fastmath_source
 
 
 def _runtime_digest() -> str:
-    """A hash of the hand-written code generated modules call (approx, kernels): it goes
-    into every generated source, so editing them never reuses stale cached machine code."""
+    """A hash of the hand-written code generated modules call (approx, calls, kernels,
+    packed_gemm): it goes into every generated source, so editing them never reuses stale
+    cached machine code."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for name in ("approx.py", "kernels.py", "packed_gemm.py"):
+    for name in ("approx.py", "calls.py", "kernels.py", "packed_gemm.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()[:16]
 
@@ -100,6 +101,14 @@ class ModuleSource:
         a call must describe (`binder` checks it)."""
         return [(held_dtype(self.out_stored), 1), *self.array_types, ("float32", 1)]
 
+    def _runtime_entries(self) -> list[str]:
+        """The line registering the runtime entries the kernel calls (`K.<name>_entry`,
+        `PG.<name>_entry`: `calls.runtime_entry`), before its machine code is linked."""
+        import re
+        keys = sorted({f"{m}.{name}" for line in self.lines
+                       for m, name in re.findall(r"\b(K|PG)\.(\w+)_entry\(", line)})
+        return [f"KC.use_runtime({', '.join(repr(k) for k in keys)})"] if keys else []
+
     def source(self) -> str:
         names = ["out", *[self.array_names[k] for k in self.array_names], "WS"]
         decorator = (f"@njit(cache=True, error_model='numpy', fastmath={fastmath_source(self.numerics)}"
@@ -111,6 +120,7 @@ class ModuleSource:
             "from numba import njit, prange",
             "from eqsat_fuse.backends.numba.approx import (exp_f32, tanh_f32, sigmoid_f32,",
             "    erf_f32, gelu_f32, gelu_tanh_f32, f16_to_f32, f32_to_f16)",
+            "from eqsat_fuse.backends.numba import calls as KC",
             "from eqsat_fuse.backends.numba import kernels as K",
             "F32 = np.float32",
             "U = np.uint64      # unsigned indices: no negative-index wraparound, loops vectorize",
@@ -118,6 +128,7 @@ class ModuleSource:
             *self.header,
             *(["from eqsat_fuse.backends.numba import packed_gemm as PG", "PG.ensure_compiled()"]
               if self.uses_packed_gemm else []),
+            *self._runtime_entries(),
             "",
             decorator,
             "def kernel(A, G, FP):",
@@ -131,7 +142,7 @@ class ModuleSource:
         for name, (dtype, ndim) in zip(names, self.arg_types()):
             shape = f"A[{at + 1}]" if ndim == 1 else \
                 "(" + "".join(f"A[{at + 1 + d}], " for d in range(ndim)) + ")"
-            views.append(f"    {name} = K.array_at(A[{at}], {shape}, np.{_np_name(dtype)})")
+            views.append(f"    {name} = KC.array_at(A[{at}], {shape}, np.{_np_name(dtype)})")
             at += 1 + ndim
         body = views + [f"    g{i} = G[{i}]" for i in used] + ["    " + line for line in lines]
         from .kernels import WIDE_VECTORS
