@@ -76,7 +76,6 @@ import importlib.util
 import os
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -331,18 +330,16 @@ class NumbaBackend:
         """Compile (or load from the disk cache) `fn` for the types of `args`; the address of
         that overload's entry point (for `calls.call_at`)."""
         from numba import typeof
+
+        from .calls import entry_point
         started = time.perf_counter()
         sig = tuple(typeof(x) for x in args)
-        if sig not in fn.overloads:
-            hits = sum(fn.stats.cache_hits.values())
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                fn.compile(sig)
+        fresh, hits = sig not in fn.overloads, sum(fn.stats.cache_hits.values())
+        address = entry_point(fn, sig)
+        if fresh:
             if sum(fn.stats.cache_hits.values()) > hits:
                 self.stats.loaded += 1
             else:
                 self.stats.compiled += 1
-        result = fn.overloads[sig]
-        address = result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
         self.stats.seconds += time.perf_counter() - started
         return address

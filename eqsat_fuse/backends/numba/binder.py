@@ -4,8 +4,8 @@ its compiled kernels to the arena with `_NumbaBinder`.
 
 Runs of consecutive compiled kernels are bound into segments: one hand-written compiled loop
 (`calls.run_calls`) calls a segment's kernels in order from tables (`segments`), so a run
-pays Python's dispatch once per segment. Kernels the generator cannot build (`Unsupported`) and opaque kernels run as
-NumPy steps between segments. BLAS runs single-threaded inside Numba's parallel loops.
+pays Python's dispatch once per segment. Kernels the generator cannot build (`Unsupported`)
+and opaque kernels run as NumPy steps between segments. BLAS runs single-threaded inside Numba's parallel loops.
 """
 
 from __future__ import annotations

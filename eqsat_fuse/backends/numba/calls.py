@@ -13,6 +13,18 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
 
+def entry_point(fn, sig: tuple) -> int:
+    """The address of the entry point of dispatcher `fn`'s overload for the argument types
+    `sig`, compiled (or loaded from Numba's disk cache) first if it is not yet."""
+    if sig not in fn.overloads:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn.compile(sig)
+    result = fn.overloads[sig]
+    return result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
+
+
 def launch_threading_layer() -> None:
     """Start Numba's threading layer before a generated module is loaded.
 
@@ -110,15 +122,9 @@ class _RuntimeEntry:
         """Compile (or load) the function for its signature and register its symbol, once."""
         if self.address:
             return
-        import warnings
-
         import llvmlite.binding as llvm
         launch_threading_layer()          # the function may have parallel loops
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.fn.compile(self.argtypes)
-        result = self.fn.overloads[self.argtypes]
-        address = result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
+        address = entry_point(self.fn, self.argtypes)
         llvm.add_symbol(self.symbol, address)
         self.address = address
 

@@ -25,7 +25,6 @@ import os
 import subprocess
 import sys
 import threading
-import warnings
 from pathlib import Path
 
 MIN_MODULES = 4           # fewer modules to compile than this: no workers
@@ -131,16 +130,14 @@ def _compile_module(name: str, path: str) -> None:
     signature, which writes its cache files."""
     from numba import typeof
 
-    from .calls import launch_threading_layer
+    from .calls import entry_point, launch_threading_layer
     from .segments import KERNEL_SIGNATURE_EXAMPLE
     launch_threading_layer()
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        module.kernel.compile(tuple(typeof(x) for x in KERNEL_SIGNATURE_EXAMPLE))
+    entry_point(module.kernel, tuple(typeof(x) for x in KERNEL_SIGNATURE_EXAMPLE))
 
 
 def _worker() -> None:

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from ...numerics import fastmath_source
+from .scalars import NP_TYPES
+from .spaces import Unsupported
 
 # The `fastmath=` flags come from the numerics mode (`eqsat_fuse.numerics.FASTMATH`). In exact
 # mode only `contract` (fused multiply-add: it changes the last bits of a result, never which
@@ -36,18 +38,11 @@ def _runtime_digest() -> str:
 RUNTIME_DIGEST = _runtime_digest()
 
 
-_NP_NAME = {"bool": "bool_"}
-
-
 def held_dtype(dtype) -> str:
     """The dtype of the array a kernel reads a buffer through: float16 is held as uint16
     (Numba has no float16; the kernels convert with F16C)."""
     name = str(np.dtype(dtype))
     return "uint16" if name == "float16" else name
-
-
-def _np_name(dtype: str) -> str:
-    return _NP_NAME.get(dtype, dtype)
 
 
 class ModuleSource:
@@ -142,7 +137,9 @@ class ModuleSource:
         for name, (dtype, ndim) in zip(names, self.arg_types()):
             shape = f"A[{at + 1}]" if ndim == 1 else \
                 "(" + "".join(f"A[{at + 1 + d}], " for d in range(ndim)) + ")"
-            views.append(f"    {name} = KC.array_at(A[{at}], {shape}, np.{_np_name(dtype)})")
+            if dtype not in NP_TYPES:
+                raise Unsupported(f"an array of {dtype}")
+            views.append(f"    {name} = KC.array_at(A[{at}], {shape}, {NP_TYPES[dtype]})")
             at += 1 + ndim
         body = views + [f"    g{i} = G[{i}]" for i in used] + ["    " + line for line in lines]
         from .kernels import WIDE_VECTORS
