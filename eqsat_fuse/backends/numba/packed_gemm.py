@@ -64,16 +64,26 @@ AVAILABLE = WIDE_VECTORS
 
 def pack(b: np.ndarray) -> np.ndarray:
     """B[K, N] -> panels (ceil(N / NR), K, NR) float32, columns past N zero."""
-    b = np.asarray(b, dtype=np.float32)
+    b = np.ascontiguousarray(b, dtype=np.float32)
     k, n = b.shape
-    panels = -(-n // NR)
-    out = np.empty((panels, k, NR), np.float32)
-    full = n // NR              # whole panels: one strided copy (weights are hundreds of MB)
-    out[:full] = b[:, :full * NR].reshape(k, full, NR).transpose(1, 0, 2)
-    if full < panels:
-        out[full] = 0
-        out[full, :, :n - full * NR] = b[:, full * NR:]
+    out = np.empty((-(-n // NR), k, NR), np.float32)
+    _pack_into(b, out)
     return out
+
+
+@njit(cache=True, error_model="numpy")
+def _pack_into(b, out):
+    """The copy `pack` makes, compiled: 1.7-2x NumPy's strided transpose copy (loading a saved
+    1,869-node decoder packs 112 weight matrices, 240 MB: 0.13 s with NumPy)."""
+    k, n = b.shape
+    for p in range(out.shape[0]):
+        j0 = p * NR
+        w = min(NR, n - j0)
+        for kk in range(k):
+            for j in range(w):
+                out[p, kk, j] = b[kk, j0 + j]
+            for j in range(w, NR):
+                out[p, kk, j] = np.float32(0)
 
 
 def _tile_ir(mr: int, table: bool = False) -> str:
