@@ -80,6 +80,10 @@ _CONVS = [
     dict(c=18, m=18, group=18, k=3, pads=(1, 1, 1, 1), strides=(3, 3), size=16,
          residual=False),
     dict(c=64, m=64, group=64, k=5, pads=(2, 2, 2, 2), strides=(2, 2), size=64),
+    # stride-1 depthwise: blocked on narrow planes (7 x 7 taps, asymmetric pads), per channel
+    # from `kernels.DW_PLANE_MIN` columns on (3 x 3 taps, asymmetric pads)
+    dict(c=20, m=20, group=20, k=7, pads=(3, 2, 1, 4), size=9),
+    dict(c=5, m=5, group=5, k=3, pads=(0, 1, 2, 1), size=33),
 ]
 
 

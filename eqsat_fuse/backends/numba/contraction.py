@@ -397,7 +397,7 @@ def _conv_bias(e: Emitter, a: int, node: BodyNode, M: int, epi_nodes: list[int])
 
 def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[str],
                    gexpr: str) -> None:
-    """A depthwise Conv as direct loops (`K.depthwise2d`: 3x3 taps summed in registers) over
+    """A depthwise Conv as direct loops (`K.depthwise2d`: channel-blocked vector sums) over
     blocks of channels, each block's epilogue right after it. With more than one thread and
     enough work the blocks are shared among the threads (`conv_parts`), each with its own
     padded-plane scratch."""
@@ -411,7 +411,7 @@ def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[st
     macs = g.N * g.M * P * g.kh * g.kw
     if e.backend.threads > 1 and macs >= PARALLEL_MIN_CONV_MACS:
         block = max(1, min(block, -(-g.M // e.backend.threads)))   # a block a thread at least
-    if dw_blocked(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw):    # whole vectors of channels a call
+    if dw_blocked(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.OW):   # whole vectors of channels
         block = min(g.M, -(-block // DW_LANES) * DW_LANES)
     nblocks = -(-g.M // block)
     parts = conv_parts(e, macs, nblocks)

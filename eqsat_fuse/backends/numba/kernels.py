@@ -18,6 +18,7 @@ from numba.extending import intrinsic
 from ...numerics import RUNTIME_FASTMATH
 from .approx import exp_f32, f16_to_f32
 from .calls import F32_ARRAY, I64, runtime_entry
+from .vectors import LANES, tap_sums1, tap_sums4, transpose16
 
 U = np.uint64        # unsigned indices: Numba adds no negative-index wraparound, loops vectorize
 # The hand-written runtime is compiled once for both numerics modes
@@ -373,150 +374,95 @@ def depthwise2d(x, xoff, w, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, c0, c1
                 accoff):
     """acc[c, oh, ow] = sum_ij w[c, i, j] x[c, ...] for channels c0..c1 (one input channel each).
 
-    `pad` is scratch for one zero-padded plane (zeroed once: each channel overwrites only its
-    interior), so the inner loops have no bounds checks. With stride 1 each tap is one flat
-    loop over the output computed on rows of the padded width (long, vectorized loops even
-    for 7x7 planes); the extra columns are dropped when the rows are copied into acc.
-    Strided convolutions and narrow outputs run channel-blocked instead (`_dw_blocked`).
+    Channel-blocked (`_dw_blocked`) but for the 3 x 3 stride-1 convolutions of wide planes,
+    which run one channel at a time: `pad` is scratch for one zero-padded plane (zeroed once:
+    each channel overwrites only its interior), and `_dw3x3` sums the nine taps of a row in
+    registers, on rows of the padded width, so the inner loops have no bounds checks.
     """
     wide_vectors()
-    if dw_blocked(kh, kw, sh, sw, dh, dw):
+    if dw_blocked(kh, kw, sh, sw, dh, dw, OW):
         _dw_blocked(x, xoff, w, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, c0, c1, pad, acc,
                     accoff)
         return
-    HP = H + 2 * ph + sh * 2 + dh * kh
-    WP = W + 2 * pw + sw * 2 + dw * kw
-    for k in range(HP * (WP + sw)):
+    HP, WP = OH + 2, OW + 2                     # the padded rows and columns the taps read
+    ia, ib = max(0, -ph), min(H, HP - ph)
+    ja, jb = max(0, -pw), min(W, WP - pw)
+    for k in range(HP * WP):
         pad[U(k)] = np.float32(0)
-    flat = sh == 1 and sw == 1
-    three = kh == 3 and kw == 3 and dh == 1 and dw == 1
-    tmp = np.empty(OH * WP if flat else 1, np.float32)
     for c in range(c0, c1):
         src = xoff + c * H * W
-        dst = accoff + (c - c0) * OH * OW
-        if flat:
-            for ih in range(H):
-                for iw in range(W):
-                    pad[U((ih + ph) * WP + iw + pw)] = x[U(src + ih * W + iw)]
-            if three:
-                _dw3x3(pad, 0, 1, 2, WP, WP, w, c, OH, OW, acc, dst)
-                continue
-            n = OH * WP
-            for q in range(n):
-                tmp[U(q)] = np.float32(0)
-            for i in range(kh):
-                for j in range(kw):
-                    wv = w[U((c * kh + i) * kw + j)]
-                    off = i * dh * WP + j * dw
-                    for q in range(n):
-                        tmp[U(q)] += wv * pad[U(q + off)]
-            for oh in range(OH):
-                for ow in range(OW):
-                    acc[U(dst + oh * OW + ow)] = tmp[U(oh * WP + ow)]
-            continue
-        # stride > 1: the padded plane's columns de-interleaved into sw phases (rows of WQ),
-        # so output column ow of tap j reads phase (j*dw) % sw at (j*dw) // sw + ow: contiguous
-        WQ = (WP + sw - 1) // sw
-        for f in range(sw):
-            # the q whose input column q*sw + f - pw lies in [0, W)
-            qa, qb = _inside(f - pw, sw, WQ, W)
-            for ih in range(H):
-                prow = f * HP * WQ + (ih + ph) * WQ
-                srow = src + ih * W + f - pw
-                if sw == 2:
-                    for q in range(qa, qb):
-                        pad[U(prow + q)] = x[U(srow + 2 * q)]
-                else:
-                    for q in range(qa, qb):
-                        pad[U(prow + q)] = x[U(srow + q * sw)]
-        if three and sw == 2:
-            # taps j = 0, 1, 2 read phase 0, 1, 0 at shifts 0, 0, 1
-            _dw3x3(pad, 0, HP * WQ, 1, WQ, sh * WQ, w, c, OH, OW, acc, dst)
-            continue
-        for k in range(OH * OW):
-            acc[U(dst + k)] = np.float32(0)
-        for i in range(kh):
-            for j in range(kw):
-                wv = w[U((c * kh + i) * kw + j)]
-                f = (j * dw) % sw
-                shift = (j * dw) // sw
-                for oh in range(OH):
-                    prow = f * HP * WQ + (oh * sh + i * dh) * WQ + shift
-                    orow = dst + oh * OW
-                    for ow in range(OW):
-                        acc[U(orow + ow)] += wv * pad[U(prow + ow)]
+        for ih in range(ia, ib):
+            for iw in range(ja, jb):
+                pad[U((ih + ph) * WP + iw + pw)] = x[U(src + ih * W + iw)]
+        _dw3x3(pad, 0, 1, 2, WP, WP, w, c, OH, OW, acc, accoff + (c - c0) * OH * OW)
 
 
-DW_LANES = 16         # channels per block of `_dw_blocked`: one 512-bit vector of float32
+DW_LANES = LANES      # channels per block of `_dw_blocked`: one 512-bit vector of float32
+DW_PLANE_MIN = 29     # output width from which a 3 x 3 stride-1 convolution runs per channel
 
 
 @njit(**_OPTS)
-def dw_blocked(kh, kw, sh, sw, dh, dw):
-    """Whether `depthwise2d` runs channel-blocked: strided, other than the 3 x 3 taps at column
-    stride 2 that `_dw3x3` sums in registers (per-channel loops over de-interleaved planes ran
-    4-10x slower than onnxruntime's NCHWc kernels on EfficientNet-B0's strided 5x5
-    convolutions; blocked, 1.4-2.2x faster than they were). Stride 1 stays per channel,
-    faster there even on 14 x 14 planes."""
+def dw_blocked(kh, kw, sh, sw, dh, dw, OW):
+    """Whether `depthwise2d` runs channel-blocked: all but the undilated 3 x 3 stride-1
+    convolutions at least `DW_PLANE_MIN` wide. Measured per call on this machine (one
+    thread, per-channel -> blocked): 3 x 3 stride 1 at 112 x 112 162 -> 266 us and 56 x 56
+    189 -> 253, even at 28 x 28 (79 -> 80), faster at 14 x 14 (79 -> 65) and 7 x 7 (94 ->
+    55); stride 2 at 112 x 112 640 -> 296; 5 x 5 at 7 x 7 318 -> 97; ConvNeXt's 7 x 7 at
+    56 x 56 1009 -> 629 and 7 x 7 410 -> 109."""
     three = kh == 3 and kw == 3 and dh == 1 and dw == 1
-    return (sh > 1 or sw > 1) and not (three and sw == 2)
+    return not (three and sh == 1 and sw == 1 and OW >= DW_PLANE_MIN)
 
 
 @njit(**_OPTS)
 def _dw_blocked(x, xoff, w, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, c0, c1, scratch, acc,
                 accoff):
-    """`depthwise2d` on 16 channels at a time, the lanes of one vector. A block's padded input
-    is laid out [column phase][row][column][16 channels] in `scratch` (the columns
-    de-interleaved into `sw` phases), so the products of one tap over a whole output row are
-    one contiguous loop of OW x 16 multiply-adds whatever the stride, kernel size or plane
-    width; the tap's weights are spread along that row once per block (`wrow`). Taps are
-    summed in the same order as the per-channel loops, from +0, and each output row is
-    written back to the channels' planes."""
+    """`depthwise2d` on 16 channels at a time, the lanes of one vector, as onnxruntime's NCHWc
+    kernels do. A block's zero-padded input is laid out [row][column][16 channels] in
+    `scratch`, so tap (i, j) of output (oh, ow) is one vector load at a fixed offset whatever
+    the stride, kernel size or plane width; the sums of four outputs stay in registers over
+    all taps (`vectors.tap_sums4`), summed in the same order as the per-channel loops, from
+    +0; each output row is then written back to the channels' planes."""
     L = DW_LANES
     HB = (OH - 1) * sh + (kh - 1) * dh + 1      # the padded rows and columns the taps read
     WB = (OW - 1) * sw + (kw - 1) * dw + 1
-    WQ = (WB + sw - 1) // sw                    # columns per phase
     T = kh * kw
-    R = OW * L
-    blk = scratch[:sw * HB * WQ * L]
+    blk = scratch[:HB * WB * L]
+    row = scratch[HB * WB * L:HB * WB * L + OW * L]
     wt = np.empty(T * L, np.float32)
-    wrow = np.empty(T * R, np.float32)
-    row = np.empty(R, np.float32)
+    offs = np.empty(T, np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            offs[i * kw + j] = (i * dh * WB + j * dw) * L
     ia, ib = max(0, -ph), min(H, HB - ph)
-    for k in range(sw * HB * WQ * L):
+    ja, jb = max(0, -pw), min(W, WB - pw)
+    for k in range(HB * WB * L):
         blk[U(k)] = np.float32(0)
+    step = sw * L
     for cb in range(c0, c1, L):
         n = min(L, c1 - cb)         # a last, partial block: lanes from n on are not written back
-        for l in range(L):
-            for t in range(T):
-                wt[U(t * L + l)] = w[U((cb + l) * T + t)] if l < n else np.float32(0)
-        for t in range(T):
-            for ow in range(OW):
-                for l in range(L):
-                    wrow[U(t * R + ow * L + l)] = wt[U(t * L + l)]
-        for f in range(sw):
-            # the phase's columns cq whose input column cq*sw + f - pw lies in [0, W)
-            qa, qb = _inside(f - pw, sw, WQ, W)
-            for ih in range(ia, ib):
-                b = ((f * HB + ih + ph) * WQ) * L
-                for l in range(n):
-                    s0 = xoff + (cb + l) * H * W + ih * W + f - pw
-                    for cq in range(qa, qb):
-                        blk[U(b + cq * L + l)] = x[U(s0 + cq * sw)]
+        for t in range(0, T, L):            # the weights [channel][tap] -> [tap][channel]
+            transpose16(wt.ctypes.data + 4 * t * L, L, w.ctypes.data + 4 * (cb * T + t), T, n,
+                        min(L, T - t))
+        for ih in range(ia, ib):            # 16 x 16 tiles of (channel, column), transposed
+            for iw in range(ja, jb, L):
+                transpose16(blk.ctypes.data + 4 * (((ih + ph) * WB + pw + iw) * L), L,
+                            x.ctypes.data + 4 * (xoff + cb * H * W + ih * W + iw), H * W,
+                            n, min(L, jb - iw))
         for oh in range(OH):
-            for q in range(R):
-                row[U(q)] = np.float32(0)
-            for i in range(kh):
-                pr = oh * sh + i * dh
-                for j in range(kw):
-                    f = (j * dw) % sw
-                    b = ((f * HB + pr) * WQ + (j * dw) // sw) * L
-                    t = (i * kw + j) * R
-                    for q in range(R):
-                        row[U(q)] += wrow[U(t + q)] * blk[U(b + q)]
-            for l in range(n):
-                dst = accoff + (cb - c0 + l) * OH * OW + oh * OW
-                for ow in range(OW):
-                    acc[U(dst + ow)] = row[U(ow * L + l)]
+            base = blk.ctypes.data + 4 * oh * sh * WB * L
+            ow = 0
+            while ow + 4 <= OW:
+                tap_sums4(row.ctypes.data + 4 * ow * L, base + 4 * ow * step, wt.ctypes.data,
+                          offs.ctypes.data, T, step)
+                ow += 4
+            while ow < OW:
+                tap_sums1(row.ctypes.data + 4 * ow * L, base + 4 * ow * step, wt.ctypes.data,
+                          offs.ctypes.data, T, step)
+                ow += 1
+            dst = acc.ctypes.data + 4 * (accoff + (cb - c0) * OH * OW + oh * OW)
+            for ow in range(0, OW, L):
+                transpose16(dst + 4 * ow, OH * OW, row.ctypes.data + 4 * ow * L, L,
+                            min(L, OW - ow), n)
 
 
 depthwise2d_entry = runtime_entry(depthwise2d, "K.depthwise2d",
@@ -526,12 +472,12 @@ depthwise2d_entry = runtime_entry(depthwise2d, "K.depthwise2d",
 
 def depthwise_pad_size(H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW) -> int:
     """Elements of the scratch `depthwise2d` needs: one padded plane, or for the channel-
-    blocked path a block's padded input, its weights and one output row."""
-    if dw_blocked(kh, kw, sh, sw, dh, dw):
+    blocked path a block's padded input and one output row."""
+    if dw_blocked(kh, kw, sh, sw, dh, dw, OW):
         HB = (OH - 1) * sh + (kh - 1) * dh + 1
         WB = (OW - 1) * sw + (kw - 1) * dw + 1
-        return sw * HB * ((WB + sw - 1) // sw) * DW_LANES
-    return (H + 2 * ph + sh * 2 + dh * kh) * (W + 2 * pw + sw * 3 + dw * kw)
+        return (HB * WB + OW) * DW_LANES
+    return (OH + 2) * (OW + 2)
 
 
 @njit(**_OPTS)
