@@ -190,6 +190,36 @@ def test_saved_kernels_false_hands_numba_no_file_of_the_artifact(saved, monkeypa
         _assert_bit_for_bit(ef.load(folder, saved_kernels=False).run(feeds), want)
 
 
+def test_the_backend_warms_up_beside_the_reading_and_a_failure_there_is_harmless(saved,
+                                                                                 monkeypatch):
+    import threading
+
+    from eqsat_fuse import backends
+    warmed = []
+
+    def fail(name):
+        warmed.append((name, threading.current_thread() is not threading.main_thread()))
+        raise RuntimeError("the warm-up broke")
+
+    monkeypatch.setattr(backends, "warm_up", fail)
+    folder, feeds, want = saved["numba"]
+    _assert_bit_for_bit(ef.load(folder).run(feeds), want)        # lowering did it itself
+    assert warmed == [("numba", True)]
+
+
+def test_the_numba_warm_up_loads_the_microkernel_and_the_segment_loop():
+    from numba import typeof
+
+    from eqsat_fuse import backends
+    from eqsat_fuse.backends.numba import packed_gemm as PG
+    from eqsat_fuse.backends.numba.calls import run_calls
+    backends.warm_up("numba")
+    ints, floats = typeof(np.zeros(1, np.int64)), typeof(np.zeros(1, np.float32))
+    assert (ints, ints, ints, ints, floats) in run_calls.overloads
+    assert PG._ENGINE is not None or not PG.AVAILABLE
+    backends.warm_up("numpy")                 # a backend with nothing to warm: nothing happens
+
+
 def test_save_never_overwrites_without_force_nor_the_model(saved, tmp_path):
     model = tmp_path / "m.onnx"
     model.write_bytes(_model(np.random.default_rng(1)).SerializeToString())

@@ -17,6 +17,7 @@ decoded plan its expression is one `Const` node reading that array (`constant_pl
 from __future__ import annotations
 
 import base64
+import functools
 import math
 from typing import Any
 
@@ -107,8 +108,14 @@ def _check_dtype(dtype: np.dtype, where: str) -> None:
 
 
 def _dtype(text: Any) -> np.dtype:
+    return _named_dtype(str(text))
+
+
+@functools.lru_cache(maxsize=None)
+def _named_dtype(text: str) -> np.dtype:
+    """(a plan names a few dtypes thousands of times: parsed once each)"""
     try:
-        dtype = np.dtype(str(text))
+        dtype = np.dtype(text)
     except TypeError:
         raise ArtifactError(f"unknown dtype {str(text)[:40]!r} in the stored plan") from None
     if dtype.hasobject:

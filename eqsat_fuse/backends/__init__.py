@@ -57,6 +57,22 @@ def check_backend(name: str) -> None:
                              f"{', '.join(BACKENDS)}")
 
 
+def _warm_numba() -> None:
+    from .numba.binder import warm_up
+    warm_up()
+
+
+# name -> what loads a backend's runtime ahead of its first program (imports, machine code)
+_WARM_UPS = {"numba": _warm_numba}
+
+
+def warm_up(name: str) -> None:
+    """Import and load backend `name`'s runtime now, so that the first program built on it does
+    not wait for that (`eqsat_fuse.artifacts` does it while it reads the weights)."""
+    if name in _WARM_UPS:
+        _WARM_UPS[name]()
+
+
 def create_backend(name: str, context: BackendContext) -> Backend:
     """The backend registered as `name`, built for `context`."""
     check_backend(name)

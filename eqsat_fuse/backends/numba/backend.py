@@ -209,6 +209,7 @@ class NumbaBackend:
         self.external = {layouts[ref].storage for ref in plan.outputs.values() if ref in layouts}
         self.stats = JitStats()
         self.modules: dict[str, Any] = {}
+        self.entries: dict[Any, int] = {}          # kernel dispatcher -> its entry's address
 
     # -- tensors --
     def operand_dtype(self, a: Operand) -> str:
@@ -323,8 +324,12 @@ class NumbaBackend:
 
     def entry(self, fn) -> int:
         """Compile (or load) a generated kernel for the one signature every kernel has,
-        `kernel(A, G, FP)`; its entry point's address (what `calls.run_calls` calls)."""
-        return self.compile(fn, KERNEL_SIGNATURE_EXAMPLE)
+        `kernel(A, G, FP)`; its entry point's address (what `calls.run_calls` calls), looked
+        up once per kernel source (a program calls most of its sources many times)."""
+        address = self.entries.get(fn)
+        if address is None:
+            address = self.entries[fn] = self.compile(fn, KERNEL_SIGNATURE_EXAMPLE)
+        return address
 
     def compile(self, fn, args: tuple) -> int:
         """Compile (or load from the disk cache) `fn` for the types of `args`; the address of

@@ -27,6 +27,21 @@ from .segments import KernelCall, segment_tables
 from .source import held_dtype
 
 
+def warm_up() -> None:
+    """Load what every Numba program needs before its kernels: the threading layer, the
+    packed GEMM's microkernel and `run_calls`' machine code (from their caches, with Numba's
+    own first-use set-up, about 0.1 s, on the way). `eqsat_fuse.artifacts` runs it in a thread
+    while it reads an artifact's weights, which leaves the interpreter free most of the time."""
+    from . import packed_gemm as PG
+    from .calls import entry_point, launch_threading_layer
+    from numba import typeof
+    launch_threading_layer()
+    if PG.AVAILABLE:
+        PG.ensure_compiled()
+    ints, floats = typeof(np.zeros(1, np.int64)), typeof(np.zeros(1, np.float32))
+    entry_point(run_calls, (ints, ints, ints, ints, floats))
+
+
 class NumbaAdapter:
     """The Numba backend as lowering drives it: prepare = generate and compile one kernel."""
 

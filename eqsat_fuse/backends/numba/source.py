@@ -6,6 +6,7 @@ of the hand-written runtime, the `@njit` decorator, the parameters made locals).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,11 @@ from .spaces import Unsupported
 
 def _runtime_digest() -> str:
     """A hash of the hand-written code generated modules call (approx, calls, kernels,
-    packed_gemm): it goes into every generated source, so editing them never reuses stale
+    packed_gemm, vectors): it goes into every generated source, so editing them never reuses stale
     cached machine code."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for name in ("approx.py", "calls.py", "kernels.py", "packed_gemm.py"):
+    for name in ("approx.py", "calls.py", "kernels.py", "packed_gemm.py", "vectors.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()[:16]
 
@@ -38,6 +39,7 @@ def _runtime_digest() -> str:
 RUNTIME_DIGEST = _runtime_digest()
 
 
+@functools.lru_cache(maxsize=None)
 def held_dtype(dtype) -> str:
     """The dtype of the array a kernel reads a buffer through: float16 is held as uint16
     (Numba has no float16; the kernels convert with F16C)."""
@@ -72,7 +74,7 @@ class ModuleSource:
         """Appends an int table to the int params; returns the expression of its start index."""
         start = len(self.params) + 1
         expr = self.int_param(start)
-        self.params.extend(int(v) for v in values)
+        self.params.extend(np.asarray(values, dtype=np.int64).tolist())
         return expr
 
     def float_param(self, value: float) -> str:
