@@ -278,8 +278,8 @@ def read_artifact(path: str | Path, threads: int | None = None, recompile: bool 
 def _warm_up_while_reading(backend: Any) -> threading.Thread:
     """A started thread loading `backend`'s runtime (`backends.warm_up`): reading and hashing
     the files releases the interpreter, so the two overlap (docs/artifacts.md: the 1,869-node
-    decoder's load beyond its weights went from 0.59 s to 0.43-0.50 s). Whatever fails there
-    is left to lowering, which does it again and reports it."""
+    decoder loads in 0.85-0.91 s, 1.02-1.12 s without). Whatever fails there is left to
+    lowering, which does it again and reports it."""
     from ..backends import warm_up
 
     def run() -> None:
