@@ -242,6 +242,9 @@ def read_artifact(path: str | Path, threads: int | None = None, recompile: bool 
     except (ValueError, KeyError, TypeError) as why:
         raise ArtifactError(f"{path}: {PROGRAM} is not one this eqsat-fuse reads ({why!r})") \
             from None
+    # before any warning: the warm-up silences Numba's while it compiles, and the filters that
+    # `warnings.catch_warnings` sets are the whole process's
+    warming.join()
     read = time.perf_counter() - started
     problems = []
     if lowering.get("backend") == "numba":
@@ -255,7 +258,6 @@ def read_artifact(path: str | Path, threads: int | None = None, recompile: bool 
                 f"again from the stored plan"), stacklevel=3)
     cached = {rel: data for rel, data in contents.items()
               if rel.startswith(f"kernels/{kernels.NUMBA_FOLDER}/")}
-    warming.join()
     program = _lower(document, constants, None, _threads(path, lowering, threads),
                      cached if saved_kernels and not problems else {}, plan)
     if not saved_kernels:
