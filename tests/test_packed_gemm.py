@@ -32,6 +32,33 @@ def test_pack_lays_out_column_panels():
     assert not p[2, :, 70 - 2 * PG.NR:].any()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_backend_packs_weights_in_a_worker_thread_and_waits_for_them(threads, monkeypatch):
+    # with more than one thread `packed` hands back the array at once and fills it in a
+    # worker (`finish_packing` waits); a transposed view is packed as its values
+    import threading
+
+    from eqsat_fuse.backends.numba.backend import NumbaBackend
+    backend = NumbaBackend.__new__(NumbaBackend)
+    backend.threads, backend._packer, backend._packing = threads, None, []
+    fillers = []
+    real = PG.pack_into
+
+    def pack_into(b, out):
+        fillers.append(threading.current_thread() is threading.main_thread())
+        real(b, out)
+
+    monkeypatch.setattr(PG, "pack_into", pack_into)
+    weights = [np.random.default_rng(i).standard_normal((40, 75)).astype(np.float32)
+               for i in range(3)]
+    outs = [backend.packed(w) for w in weights[:2]] + [backend.packed(weights[2].T.copy().T)]
+    backend.finish_packing()
+    for w, out in zip(weights, outs):
+        np.testing.assert_array_equal(out, PG.pack(w))
+    assert fillers[:3] == [threads == 1] * 3
+    assert backend._packing == [] and backend._packer is None
+
+
 @settings(max_examples=60, deadline=None)
 @given(m=st.integers(1, 30), k=st.integers(0, 70), n=st.integers(1, 100),
        pad_a=st.integers(0, 5), pad_c=st.integers(0, 5), r0=st.integers(0, 4),

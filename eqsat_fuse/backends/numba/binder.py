@@ -97,6 +97,7 @@ class NumbaAdapter:
                 pending.append(call)
         flush()
         binder._tables()
+        self.backend.finish_packing()            # the weights' panels are filled
         return Steps(kernel_steps=steps, run_steps=run_steps, reads=reads)
 
     def fill_report(self, report: BackendReport) -> None:

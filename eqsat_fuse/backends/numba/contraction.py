@@ -175,7 +175,7 @@ def _constant_b_product(e: Emitter, node: BodyNode, ta: Tensor, tb: Tensor, Bv, 
     code.lines.append("    r1 = min(r0 + BM, RT)")
     if PG.AVAILABLE:
         # the weights packed into column panels once, here; A's rows packed per block
-        Bname = code.array(bkey, ("array", PG.pack(value)))
+        Bname = code.array(bkey, ("array", e.backend.packed(value)))
         driver = ("gemm_parallel" if e.backend.threads > 1
                   and rows * N * Kd >= PARALLEL_MIN_MACS else "gemm")
         code.uses_packed_gemm = True
