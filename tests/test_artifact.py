@@ -290,3 +290,34 @@ def test_cli_run_prints_a_foreign_artifacts_warning_in_one_line(saved, tmp_path,
         assert main(["run", str(copy), "--inputs", str(tmp_path / "feeds.npz")]) == 0
     err = capsys.readouterr().err
     assert "[eqsat-fuse] warning: " in err and "compiling them again" in err
+
+
+def test_a_process_that_only_loads_and_runs_imports_no_compiler(saved, tmp_path):
+    # `import eqsat_fuse` imports the rest on first use; loading and running an artifact needs
+    # lowering and the backend, not saturation (egglog), the rule checker or SciPy's special
+    # functions (Numba itself imports the bare `scipy` package to check its version)
+    folder, feeds, want = saved["numba"]
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    script = textwrap.dedent(f"""
+        import sys, numpy as np
+        import eqsat_fuse as ef
+        bare = sorted(m for m in ("numba", "egglog", "scipy", "onnxruntime", "onnx")
+                      if m in sys.modules)
+        outputs = ef.load({str(folder)!r}).run(dict(np.load({str(tmp_path / 'feeds.npz')!r})))
+        print(bare, sorted(m for m in ("egglog", "scipy.special", "eqsat_fuse.saturation.saturate",
+                                       "eqsat_fuse.checking.rulecheck") if m in sys.modules))
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["[]", "[]"]
+
+
+def test_the_lazy_package_exports_every_public_name():
+    from eqsat_fuse.compiled import DEFAULT_OPSET
+    from eqsat_fuse.frontend.importer import CANONICAL_OPSET
+    assert DEFAULT_OPSET == CANONICAL_OPSET
+    for name in ef.__all__:
+        assert getattr(ef, name) is not None
+    assert set(ef.__all__) <= set(dir(ef))
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        ef.nothing
