@@ -10,8 +10,20 @@ The public API is what this package exports; where each piece lives inside is fr
 (docs/architecture.md).
 """
 
+from typing import TYPE_CHECKING
+
 from .errors import (ArtifactError, ArtifactWarning, CostModelError, EqsatFuseError, FeedError,
                      LimitError, ModelError, RuleFileError, RunError, VerificationError)
+
+if TYPE_CHECKING:       # the lazy names below, for type checkers and the API docs' reader
+    from .checking.report import CheckReport, RuleResult
+    from .checking.rulecheck import check_rules
+    from .checking.verify import OutputCheck, VerifyResult
+    from .compiled import Compiled, TensorSpec, load
+    from .pipeline import compile
+    from .saturation.limits import HardLimits
+    from .saturation.saturate import Budgets, StopReason
+    from .tools.report import KernelReport, Report
 
 # The rest is imported when first used (PEP 562): a process that only loads and runs an
 # artifact then never imports the compiler (saturation imports egglog, the rule checker
