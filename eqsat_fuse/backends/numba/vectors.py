@@ -5,6 +5,10 @@ a tap's multiply-add then loads and stores the accumulator every time (the chann
 depthwise convolution ran 2-5x slower than onnxruntime's that way). These intrinsics write the
 loops in LLVM IR with `<16 x float>` values, so the accumulators stay in registers; Numba
 caches the machine code with the kernel that calls them.
+
+Numba keys that cache by the calling function's own file (`kernels.py`), not this one: after
+editing this file, touch `kernels.py` too (generated kernels are keyed by both, see
+`source.RUNTIME_DIGEST`).
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ def _lanes_below(builder, n):
     splat = builder.shuffle_vector(
         builder.insert_element(ir.Constant(lanes, None), n, ir.Constant(ir.IntType(32), 0)),
         ir.Constant(lanes, None), ir.Constant(_MASK, [0] * LANES))
-    return builder.icmp_unsigned("<", index, splat)
+    return builder.icmp_signed("<", index, splat)
 
 
 @intrinsic
