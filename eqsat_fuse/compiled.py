@@ -154,8 +154,10 @@ def load(path: str | Path, threads: int | None = None, recompile: bool = True,
     or truncated. `saved_kernels=False` compiles the kernels from the stored plan and reads
     none of the artifact's Numba cache files, which hold machine code: for an artifact from
     someone you do not trust (docs/artifacts.md)."""
-    from .artifacts import read_artifact
+    from .artifacts.reading import start_reading
+    reading = start_reading(path)          # first: the imports below happen while it reads
+    from .artifacts.store import read_artifact
 
     loaded = read_artifact(path, threads=threads, recompile=recompile,
-                           saved_kernels=saved_kernels)
+                           saved_kernels=saved_kernels, reading=reading)
     return Compiled(loaded.program, loaded.report, None, opset=loaded.opset)

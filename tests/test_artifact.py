@@ -190,21 +190,35 @@ def test_saved_kernels_false_hands_numba_no_file_of_the_artifact(saved, monkeypa
         _assert_bit_for_bit(ef.load(folder, saved_kernels=False).run(feeds), want)
 
 
-def test_the_backend_warms_up_beside_the_reading_and_a_failure_there_is_harmless(saved,
-                                                                                 monkeypatch):
+def test_the_files_are_read_in_a_thread_beside_the_warm_up_and_a_failure_there_is_harmless(
+        saved, monkeypatch):
     import threading
 
     from eqsat_fuse import backends
-    warmed = []
+    from eqsat_fuse.artifacts import reading
+    seen = []
+    real_read = reading.read_files
+
+    def read_files(path, listed):
+        seen.append(("read", threading.current_thread() is threading.main_thread()))
+        return real_read(path, listed)
 
     def fail(name):
-        warmed.append((name, threading.current_thread() is not threading.main_thread()))
+        seen.append((name, threading.current_thread() is threading.main_thread()))
         raise RuntimeError("the warm-up broke")
 
+    monkeypatch.setattr(reading, "read_files", read_files)
     monkeypatch.setattr(backends, "warm_up", fail)
     folder, feeds, want = saved["numba"]
     _assert_bit_for_bit(ef.load(folder).run(feeds), want)        # lowering did it itself
-    assert warmed == [("numba", True)]
+    assert sorted(seen) == [("numba", True), ("read", False)]
+
+
+def test_a_damaged_artifact_read_in_the_thread_is_refused_in_the_caller(saved, tmp_path):
+    copy = _copy(saved, tmp_path)
+    _flip_last_byte(copy / "program.json")
+    with pytest.raises(ef.ArtifactError, match="program.json is not the file that was saved"):
+        ef.load(copy)
 
 
 def test_the_numba_warm_up_loads_the_microkernel_and_the_segment_loop():

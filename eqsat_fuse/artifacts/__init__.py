@@ -14,10 +14,18 @@ The folder (format in docs/artifacts.md):
 Loading checks every file against the manifest before anything reads it, then lowers the
 stored plan again with the stored constants: memory planning and code generation are fast, and
 the Numba backend finds each kernel's machine code in the checked cache files instead of
-compiling it. `store` writes and reads the folder, `codec` turns the plan into JSON and back,
-`kernels` finds, checks and places the Numba cache files.
+compiling it. `store` writes and reads the folder, `reading` reads and checks its files (in a
+thread, and light enough to start before the rest is imported), `codec` turns the plan into
+JSON and back, `kernels` finds, checks and places the Numba cache files.
 """
 
-from .store import FORMAT_VERSION, Loaded, read_artifact, write_artifact
-
 __all__ = ["FORMAT_VERSION", "Loaded", "read_artifact", "write_artifact"]
+
+
+def __getattr__(name: str):
+    """The package's names, imported on first use: `eqsat_fuse.load` imports `reading` first
+    and starts it before `store` imports lowering."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import store
+    return getattr(store, name)

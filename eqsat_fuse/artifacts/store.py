@@ -19,12 +19,11 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 import warnings
 from dataclasses import dataclass, fields
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -36,12 +35,8 @@ from ..lowering.program import contiguous
 from ..tools.report import KernelReport, Report
 from . import kernels
 from .codec import plan_from_json, plan_to_json
+from .reading import FORMAT, FORMAT_VERSION, MANIFEST, PROGRAM, Reading, start_reading
 
-FORMAT = "eqsat-fuse-artifact"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-PROGRAM = "program.json"
-_AREAS = ("constants", "kernels")      # the folders a manifest may name files in
 
 
 @dataclass
@@ -223,17 +218,19 @@ def _report_data(report: Report) -> dict[str, Any]:
 # ---- reading -------------------------------------------------------------------------------------
 
 def read_artifact(path: str | Path, threads: int | None = None, recompile: bool = True,
-                  saved_kernels: bool = True) -> Loaded:
+                  saved_kernels: bool = True, reading: Reading | None = None) -> Loaded:
     """The program saved at `path`, checked and lowered again (module doc); `threads` overrides
     the saved setting; a machine or version the kernels were not compiled for recompiles them
     with an `ArtifactWarning`, or with `recompile=False` raises an `ArtifactError`.
     `saved_kernels=False` compiles the kernels from the plan and hands Numba none of the
-    artifact's cache files (pickles and machine code): for an artifact from elsewhere."""
-    started = time.perf_counter()
+    artifact's cache files (pickles and machine code): for an artifact from elsewhere.
+    `reading`: the files' reading, when the caller started it (`reading.start_reading`)."""
+    started = time.perf_counter() if reading is None else reading.started
     path = Path(path)
-    manifest = _read_manifest(path)
-    warming = _warm_up_while_reading(manifest.get("backend"))
-    contents = _read_files(path, manifest["files"])
+    reading = reading or start_reading(path)
+    manifest = reading.manifest()
+    _warm_up(manifest.get("backend"))
+    contents = reading.contents()
     try:
         document = json.loads(contents[PROGRAM])
         lowering = document["lowering"]
@@ -242,9 +239,6 @@ def read_artifact(path: str | Path, threads: int | None = None, recompile: bool 
     except (ValueError, KeyError, TypeError) as why:
         raise ArtifactError(f"{path}: {PROGRAM} is not one this eqsat-fuse reads ({why!r})") \
             from None
-    # before any warning: the warm-up silences Numba's while it compiles, and the filters that
-    # `warnings.catch_warnings` sets are the whole process's
-    warming.join()
     read = time.perf_counter() - started
     problems = []
     if lowering.get("backend") == "numba":
@@ -277,70 +271,16 @@ def read_artifact(path: str | Path, threads: int | None = None, recompile: bool 
     return Loaded(program, report, int(lowering["opset"]))
 
 
-def _warm_up_while_reading(backend: Any) -> threading.Thread:
-    """A started thread loading `backend`'s runtime (`backends.warm_up`): reading and hashing
-    the files releases the interpreter, so the two overlap (docs/artifacts.md: the 1,869-node
-    decoder loads in 0.85-0.91 s, 1.02-1.12 s without). Whatever fails there is left to
-    lowering, which does it again and reports it."""
+def _warm_up(backend: Any) -> None:
+    """Load `backend`'s runtime (`backends.warm_up`) while the reading thread reads and hashes
+    the files (docs/artifacts.md). Whatever fails here is left to lowering, which does it
+    again and reports it."""
     from ..backends import warm_up
-
-    def run() -> None:
-        try:
-            if isinstance(backend, str):
-                warm_up(backend)
-        except Exception:            # noqa: BLE001 - redone (and reported) by lowering
-            pass
-
-    thread = threading.Thread(target=run, name="eqsat-fuse-warm-up", daemon=True)
-    thread.start()
-    return thread
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    """manifest.json, parsed and checked: our format, a version this code reads, a file list."""
-    if not path.exists():
-        raise ArtifactError(f"{path}: no such artifact")
-    if not path.is_dir():
-        raise ArtifactError(f"{path}: not an eqsat-fuse artifact (an artifact is a folder "
-                            f"that Compiled.save or optimize --save wrote)")
     try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
-    except FileNotFoundError:
-        raise ArtifactError(f"{path}: not an eqsat-fuse artifact (no {MANIFEST})") from None
-    except ValueError as why:
-        raise ArtifactError(f"{path}: {MANIFEST} is damaged or truncated ({why})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{path}: {MANIFEST} is not an eqsat-fuse artifact manifest")
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ArtifactError(
-            f"{path}: artifact format version {version!r} (saved by eqsat-fuse "
-            f"{manifest.get('eqsat_fuse')}); this eqsat-fuse {__version__} reads version "
-            f"{FORMAT_VERSION}: compile the model again")
-    if not isinstance(manifest.get("files"), dict) or PROGRAM not in manifest["files"]:
-        raise ArtifactError(f"{path}: {MANIFEST} lists no {PROGRAM}")
-    return manifest
-
-
-def _read_files(path: Path, listed: dict[str, Any]) -> dict[str, bytes]:
-    """Every listed file's contents, each checked against its recorded size and SHA-256."""
-    contents = {}
-    for rel, record in listed.items():
-        parts = PurePosixPath(rel).parts
-        if not (rel == PROGRAM or (len(parts) >= 2 and parts[0] in _AREAS)) \
-                or ".." in parts or PurePosixPath(rel).is_absolute() or not isinstance(record, dict):
-            raise ArtifactError(f"{path}: {MANIFEST} names an unexpected file {rel!r}")
-        try:
-            data = (path / rel).read_bytes()
-        except OSError:
-            raise ArtifactError(f"{path}: {rel} is missing or unreadable") from None
-        if len(data) != record.get("bytes") or \
-                hashlib.sha256(data).hexdigest() != record.get("sha256"):
-            raise ArtifactError(f"{path}: {rel} is not the file that was saved (its size or "
-                                f"SHA-256 differs from the manifest's): the artifact was "
-                                f"modified or damaged; refusing to load it")
-        contents[rel] = data
-    return contents
+        if isinstance(backend, str):
+            warm_up(backend)
+    except Exception:            # noqa: BLE001 - redone (and reported) by lowering
+        pass
 
 
 def _read_constants(stored: dict[str, Any], contents: dict[str, bytes]
