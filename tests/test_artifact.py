@@ -335,3 +335,11 @@ def test_the_lazy_package_exports_every_public_name():
     assert set(ef.__all__) <= set(dir(ef))
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         ef.nothing
+
+
+def test_the_cli_imports_no_egglog_until_rules_run():
+    # `eqsat-fuse --version` and `run DIR` start without importing egglog (0.2 s)
+    script = "import sys, eqsat_fuse.cli; print('egglog' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"

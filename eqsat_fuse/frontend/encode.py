@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
-from egglog import bindings
 
 from ..graphs import postorder
 from ..ir import Graph, Node, TensorInfo
@@ -44,6 +43,7 @@ class Encoding:
 def constructor_sorts() -> dict[str, tuple[tuple[str, ...], str]]:
     """The constructors declared in rules/lang.egg: name -> (argument sorts, result sort)."""
     path = data_dir("rules") / "lang.egg"
+    from egglog import bindings     # here: egglog's import (0.2 s) only where rules are read
     commands = bindings.EGraph().parse_program(path.read_text(), filename=str(path))
     return {c.name: (tuple(c.schema.input), c.schema.output)
             for c in commands if type(c).__name__ == "Constructor"}

@@ -20,14 +20,15 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Sequence
-
-from egglog import bindings
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import EqsatFuseError, RuleFileError
 from ..frontend.encode import Encoding
 from ..numerics import code_positions, split_tags
 from ..resources import data_dir, rule_files, schedule_file
+
+if TYPE_CHECKING:
+    from egglog import bindings
 
 # Commands a user's rule file may contain. Everything else (include, input, output, extract,
 # run-schedule, push/pop, new sorts or constructors...) is refused before the file runs.
@@ -202,6 +203,7 @@ class RuleProgram:
 
     def __init__(self, user_rules: list[str | Path] | None = None,
                  target_rules: Sequence[str | Path] = (), numerics: str = "exact"):
+        from egglog import bindings     # here: egglog's import (0.2 s) only where rules run
         self.numerics = numerics
         self.egraph = bindings.EGraph()
         self.files: list[str] = []
