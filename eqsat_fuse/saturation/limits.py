@@ -381,17 +381,8 @@ def _child_main() -> int:
                              "lacks; pass memory_mb=off and keep the time limit")
         from . import saturate as saturate_module
 
-        real = saturate_module.bindings
-
-        class _Bindings:
-            def __getattr__(self, name):
-                return getattr(real, name)
-
-            @staticmethod
-            def EGraph(*args, **kwargs):
-                return _SnapshotEGraph(real.EGraph(*args, **kwargs), channel)
-
-        saturate_module.bindings = _Bindings()
+        real = saturate_module.new_egraph
+        saturate_module.new_egraph = lambda: _SnapshotEGraph(real(), channel)
         if request["memory_mb"] is not None:
             cap = _virtual_bytes() + request["memory_mb"] * (1 << 20)
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))

@@ -194,6 +194,14 @@ def _rule_file_error(exc: Exception, default_file: str, text: str | None = None)
     return RuleFileError(reason, file=file, line=int(line), column=int(column))
 
 
+def new_egraph() -> bindings.EGraph:
+    """A fresh egglog e-graph. egglog is imported here, on first use (0.2 s), so the CLI and a
+    process that only runs artifacts never import it; the hard-limits child replaces this
+    function to watch the e-graph (`limits`)."""
+    from egglog import bindings
+    return bindings.EGraph()
+
+
 class RuleProgram:
     """An e-graph with the term language, the shipped rules and any user rules loaded.
 
@@ -203,9 +211,8 @@ class RuleProgram:
 
     def __init__(self, user_rules: list[str | Path] | None = None,
                  target_rules: Sequence[str | Path] = (), numerics: str = "exact"):
-        from egglog import bindings     # here: egglog's import (0.2 s) only where rules run
         self.numerics = numerics
-        self.egraph = bindings.EGraph()
+        self.egraph = new_egraph()
         self.files: list[str] = []
         self.rules: dict[str, RuleInfo] = {}
         self.rulesets: list[str] = []
