@@ -55,10 +55,11 @@ def test_edge_graphs_are_valid_and_hold_edge_values(case):
 def test_edge_graphs_draw_the_edges():
     """Over a few dozen draws: every special value in the feeds, several dtypes, the graph
     shapes of issue 21 (a pooled value or a graph input that is also an output, multi-output
-    ops, integer exponents)."""
+    ops, integer exponents). Derandomized: the same draws every run (a random run missed the
+    integer exponents once in CI)."""
     seen: set[str] = set()
 
-    @settings(EDGES, max_examples=150, database=None)
+    @settings(EDGES, max_examples=150, database=None, derandomize=True)
     @given(edge_graphs())
     def collect(case):
         for feed in case.feeds.values():
