@@ -51,6 +51,10 @@ from .saturate import (Budgets, IterationRecord, RuleInfo, SaturationReport, Sto
 _FRAME = struct.Struct(">Q")
 _MEMORY_SIGNS = ("memory allocation of", "MemoryError", "Cannot allocate memory", "out of memory",
                  "capacity overflow")
+# what else a child under a memory cap dies of when an allocation fails: pyo3 panics when
+# Python could not allocate an object egglog hands back (seen in `serialize` of a snapshot);
+# without a cap the same panic is a bug, reported as a crash
+_CAPPED_MEMORY_SIGNS = ("PyObject pointer is null",)
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,8 @@ def saturate_in_child(encoding, user_rules: list[str | Path] | None, budgets: Bu
     if final is not None and final[0]["kind"] == "error":
         raise _error_from(final[0])
     if final is not None and final[0]["kind"] == "crash":
-        if any(sign in final[0]["traceback"] for sign in _MEMORY_SIGNS):
+        signs = _MEMORY_SIGNS + (_CAPPED_MEMORY_SIGNS if limits.memory_mb is not None else ())
+        if any(sign in final[0]["traceback"] for sign in signs):
             which = "memory"
         else:
             raise RuntimeError("the saturation child process failed:\n" + final[0]["traceback"])
