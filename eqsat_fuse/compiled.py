@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from .errors import EqsatFuseError
+from .frontend.importer import CANONICAL_OPSET
 from .ir import KernelPlan
 from .lowering.lower import Program
 from .tools.report import Report
@@ -23,11 +24,6 @@ from .tools.report import Report
 if TYPE_CHECKING:
     from .checking.verify import VerifyResult
     from .extraction.fusion_values import ExtractionContext
-
-# the opset a program's opaque nodes run at unless it says otherwise: the importer's canonical
-# one (`frontend.importer.CANONICAL_OPSET`, which the tests check this equals)
-DEFAULT_OPSET = 21
-
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -47,7 +43,7 @@ class Compiled:
 
     def __init__(self, program: Program, report: Report, source: onnx.ModelProto | None,
                  source_path: Path | None = None, extraction: ExtractionContext | None = None,
-                 opset: int = DEFAULT_OPSET):
+                 opset: int = CANONICAL_OPSET):
         self.program = program
         self.report = report
         self._source = source

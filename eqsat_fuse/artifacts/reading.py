@@ -13,6 +13,7 @@ import hashlib
 import json
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -28,42 +29,33 @@ _AREAS = ("constants", "kernels")      # the folders a manifest may name files i
 
 class Reading:
     """The reading of one artifact in a thread: `manifest()` and `contents()` wait for their
-    part and re-raise the `ArtifactError` the thread met."""
+    part and raise the `ArtifactError` the thread met (each a `Future`'s result)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.started = time.perf_counter()
-        self._manifest: dict[str, Any] | None = None
-        self._contents: dict[str, bytes] | None = None
-        self._error: BaseException | None = None
-        self._manifest_read = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="eqsat-fuse-read", daemon=True)
-        self._thread.start()
+        self._manifest: Future = Future()
+        self._contents: Future = Future()
+        threading.Thread(target=self._run, name="eqsat-fuse-read", daemon=True).start()
 
     def _run(self) -> None:
         try:
-            self._manifest = read_manifest(self.path)
-            self._manifest_read.set()
-            self._contents = read_files(self.path, self._manifest["files"])
-        except BaseException as why:   # noqa: BLE001 - handed to the caller
-            self._error = why
-        finally:
-            self._manifest_read.set()
+            manifest = read_manifest(self.path)
+        except BaseException as why:       # noqa: BLE001 - handed to the caller
+            self._manifest.set_exception(why)
+            self._contents.set_exception(why)
+            return
+        self._manifest.set_result(manifest)
+        try:
+            self._contents.set_result(read_files(self.path, manifest["files"]))
+        except BaseException as why:       # noqa: BLE001 - handed to the caller
+            self._contents.set_exception(why)
 
     def manifest(self) -> dict[str, Any]:
-        self._manifest_read.wait()
-        if self._manifest is None:
-            self._finish()
-        return self._manifest
+        return self._manifest.result()
 
     def contents(self) -> dict[str, bytes]:
-        self._finish()
-        return self._contents
-
-    def _finish(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        return self._contents.result()
 
 
 def start_reading(path: str | Path) -> Reading:

@@ -5,7 +5,8 @@ its compiled kernels to the arena with `_NumbaBinder`.
 Runs of consecutive compiled kernels are bound into segments: one hand-written compiled loop
 (`calls.run_calls`) calls a segment's kernels in order from tables (`segments`), so a run
 pays Python's dispatch once per segment. Kernels the generator cannot build (`Unsupported`)
-and opaque kernels run as NumPy steps between segments. BLAS runs single-threaded inside Numba's parallel loops.
+and opaque kernels run as NumPy steps between segments. BLAS runs single-threaded inside
+Numba's parallel loops.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from .source import held_dtype
 def warm_up() -> None:
     """Load what every Numba program needs before its kernels: the threading layer, the
     packed GEMM's microkernel and `run_calls`' machine code (from their caches, with Numba's
-    own first-use set-up, about 0.1 s, on the way). `eqsat_fuse.artifacts` runs it in a thread
-    while it reads an artifact's weights, which leaves the interpreter free most of the time."""
+    own first-use set-up, about 0.1 s, on the way). `eqsat_fuse.load` runs it while a thread
+    reads and hashes the artifact's files, which leaves the interpreter free most of the time."""
     from . import packed_gemm as PG
     from .calls import entry_point, launch_threading_layer
     from numba import typeof

@@ -179,8 +179,8 @@ def _constant_b_product(e: Emitter, node: BodyNode, ta: Tensor, tb: Tensor, Bv, 
         driver = ("gemm_parallel" if e.backend.threads > 1
                   and rows * N * Kd >= PARALLEL_MIN_MACS else "gemm")
         code.uses_packed_gemm = True
-        code.lines.append(f"    PG.{driver}_entry((A, 0, {code.int_param(Kd)}, r0, r1, {Bname}, EC, "
-                          f"{code.int_param(Kd)}, {acc}, 0, EC, AP))")
+        code.lines.append(f"    PG.{driver}_entry((A, 0, {code.int_param(Kd)}, r0, r1, {Bname}, "
+                          f"EC, {code.int_param(Kd)}, {acc}, 0, EC, AP))")
     else:
         Bname = code.array(bkey, ("array", np.ascontiguousarray(value, dtype=np.float32)))
         if shares_gemm(e, rows * N * Kd):

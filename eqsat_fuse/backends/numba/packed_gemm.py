@@ -53,8 +53,8 @@ PREFETCH = 512
 # the same within noise)
 TABLE_PREFETCH = 8
 
-__all__ = ["AVAILABLE", "NR", "MR", "pack", "panels_for", "pack_into", "pack_rows", "a_workspace", "ensure_compiled",
-           "gemm", "gemm_parallel", "gemm_rows", "gemm_rows_parallel", "row_table",
+__all__ = ["AVAILABLE", "NR", "MR", "pack", "panels_for", "pack_into", "pack_rows",
+           "a_workspace", "ensure_compiled", "gemm", "gemm_parallel", "gemm_rows", "gemm_rows_parallel", "row_table",
            "microkernel_ir"]
 
 
@@ -378,4 +378,3 @@ gemm_parallel_entry = runtime_entry(gemm_parallel, "PG.gemm_parallel", _GEMM_ARG
 gemm_rows_entry = runtime_entry(gemm_rows, "PG.gemm_rows", _ROWS_ARGS)
 gemm_rows_parallel_entry = runtime_entry(gemm_rows_parallel, "PG.gemm_rows_parallel",
                                          _ROWS_ARGS)
-
