@@ -35,7 +35,7 @@ def _check(program, seed=1):
 
 
 def _conv_model(rng, c=6, m=5, size=20, k=3, pads=(1, 1, 1, 1), dil=(1, 1), group=1,
-                relu=True, residual=True, strides=(1, 1)):
+                relu=True, residual=True, strides=(1, 1), batch=1):
     w = (rng.standard_normal((m, c // group, k, k)) * 0.2).astype(np.float32)
     b = rng.normal(0, 0.1, m).astype(np.float32)
     oh = (size + pads[0] + pads[2] - ((k - 1) * dil[0] + 1)) // strides[0] + 1
@@ -43,16 +43,16 @@ def _conv_model(rng, c=6, m=5, size=20, k=3, pads=(1, 1, 1, 1), dil=(1, 1), grou
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=list(pads),
                               dilations=list(dil), group=group, strides=list(strides))]
     out = "c"
-    inputs = [("x", [1, c, size, size])]
+    inputs = [("x", [batch, c, size, size])]
     if residual:
         nodes.append(helper.make_node("Add", [out, "r"], ["a"]))
-        inputs.append(("r", [1, m, oh, ow]))
+        inputs.append(("r", [batch, m, oh, ow]))
         out = "a"
     if relu:
         nodes.append(helper.make_node("Relu", [out], ["y"]))
     else:
         nodes.append(helper.make_node("Identity", [out], ["y"]))
-    return make_model(nodes, inputs, [("y", [1, m, oh, ow])], {"w": w, "b": b})
+    return make_model(nodes, inputs, [("y", [batch, m, oh, ow])], {"w": w, "b": b})
 
 
 _CONVS = [
@@ -84,19 +84,27 @@ _CONVS = [
     # from `kernels.DW_PLANE_MIN` columns on (3 x 3 taps, asymmetric pads)
     dict(c=20, m=20, group=20, k=7, pads=(3, 2, 1, 4), size=9),
     dict(c=5, m=5, group=5, k=3, pads=(0, 1, 2, 1), size=33),
+    # positions x channels (`conv_positions`): several blocks of positions and a partial last
+    # panel of channels, a batch, a 1x1 read in place, a stride-2 one split by phase
+    dict(c=64, m=70, size=12, batch=2),
+    dict(c=40, m=33, k=1, pads=(0, 0, 0, 0), size=7, batch=2, residual=False),
+    dict(c=24, m=40, size=9, strides=(2, 2), pads=(1, 0, 1, 1), residual=False),
 ]
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "blas"])
+@pytest.mark.parametrize("path", ["rows", "positions", "blas"])
 @pytest.mark.parametrize("cfg", _CONVS)
-def test_convolutions_match_onnxruntime(cfg, packed, kernel_cache, rng, monkeypatch):
-    # packed: the AVX-512 microkernel over row offsets of the input (where the CPU has it);
-    # blas: the paths of other CPUs (im2col, shifted GEMMs, 1x1 straight from the planes)
+def test_convolutions_match_onnxruntime(cfg, path, kernel_cache, rng, monkeypatch):
+    # rows: the AVX-512 microkernel over row offsets of the input (where the CPU has it);
+    # positions: the same microkernel over gathered positions x the packed weights (one group;
+    # grouped ones take the rows path); blas: the paths of other CPUs (im2col, shifted GEMMs,
+    # 1x1 straight from the planes)
     from eqsat_fuse.backends.numba import contraction
     from eqsat_fuse.backends.numba import packed_gemm as PG
-    if packed and not PG.AVAILABLE:
+    if path != "blas" and not PG.AVAILABLE:
         pytest.skip("the packed convolution needs AVX-512")
-    monkeypatch.setattr(contraction, "PACKED_CONV", packed)
+    monkeypatch.setattr(contraction, "PACKED_CONV", path != "blas")
+    monkeypatch.setattr(contraction, "CONV_LAYOUT", None if path == "blas" else path)
     _check(_compile(_conv_model(rng, **cfg), kernel_cache))
 
 
@@ -123,6 +131,20 @@ def test_packed_conv_is_used_on_avx512(k, direct, tmp_path, rng):
     # a 1x1 stride-1 Conv reads its input in place; others split it by phase, then compact
     assert ("K.phase_planes" in sources) == (not direct)
     assert ("K.compact_cols" in sources) == (not direct)
+    assert "PG.pack_positions_entry(" not in sources
+
+
+@pytest.mark.parametrize("size, m, positions", [(7, 64, True), (14, 256, True), (30, 16, False)])
+def test_small_planes_with_many_channels_go_by_positions(size, m, positions, tmp_path, rng):
+    # on a 7 x 7 plane the rows path computes 64 columns for 49 positions (9 x 7 with the
+    # taps' overhang, in panels of 32); positions x channels computes each position once
+    from eqsat_fuse.backends.numba import packed_gemm as PG
+    if not PG.AVAILABLE:
+        pytest.skip("the packed convolution needs AVX-512")
+    _check(_compile(_conv_model(rng, c=32, m=m, size=size), tmp_path))
+    sources = _sources(tmp_path)
+    assert ("PG.pack_positions_entry(" in sources) == positions
+    assert ("PG.gemm_rows_entry(" in sources) == (not positions)
 
 
 def test_program_runs_in_few_segments_and_matches_per_kernel_steps(kernel_cache, rng):

@@ -43,15 +43,18 @@ Kernel families:
   at compile time, a register-blocked microkernel: 1.2x OpenBLAS on the BERT-base shapes), and
   Conv runs `packed_gemm.gemm_rows` (weights packed into row tiles, the input read through a
   table of row offsets: each im2col row is a shifted view of a padded, phase-split input
-  plane, so no im2col matrix is built; `conv_packed`). Depthwise Conv runs direct loops (3x3
+  plane, so no im2col matrix is built; `conv_packed`); a small plane with many channels
+  (7 x 7, 14 x 14) goes positions x channels instead, its im2col rows gathered per block
+  against the weights packed into column panels (`conv_positions`: no output column is
+  padding). Depthwise Conv runs direct loops (3x3
   taps summed in registers). Other CPUs use BLAS: `np.dot` (im2col, direct 1x1), shifted GEMMs
   over the padded input for stride-1 convolutions on wide planes, and `kernels.gemm`,
   which takes leading dimensions and transposes so transposed or sliced views need no copy.
   BLAS runs single-threaded while a program runs (`eqsat_fuse.threads`), so with more than one
   thread a large product is split among Numba's threads (`kernels.gemm_parallel`, or the
   batch of a batched product in `prange`) and its epilogue rows run in `prange`; a Conv of
-  at least 1M multiply-adds shares its channel blocks (depthwise) or column chunks (packed)
-  among the threads in one parallel region, each part with its own scratch;
+  at least 1M multiply-adds shares its channel blocks (depthwise), column chunks (packed)
+  or ranges of positions (positions x channels) among the threads in one parallel region, each part with its own scratch;
 - Softmax and LayerNormalization: one row at a time, prologue (the fused elementwise input),
   the row statistics in 16 independent lanes (a vectorized reduction without reassociation)
   and the epilogue; ReduceMean/ReduceSum over trailing axes (an epilogue that reads the

@@ -5,7 +5,7 @@ MatMul/Gemm with constant weights: `packed_gemm.gemm` on AVX-512 (weights packed
 panels at compile time), else `np.dot` or `kernels.gemm_parallel`; batched and activation x
 activation products: one strided `kernels.gemm` per batch (leading dims and transposes, so
 views need no copy). Conv: `packed_gemm.gemm_rows` over row offsets of the input on AVX-512
-(`conv_packed`), direct loops for depthwise, shifted GEMMs over the padded input for stride-1
+(`conv_packed`), or on small planes positions x channels (`conv_positions`), direct loops for depthwise, shifted GEMMs over the padded input for stride-1
 convolutions on wide planes (`conv_shifted`), else im2col (or the planes of a 1x1) and `np.dot`.
 """
 
@@ -34,6 +34,10 @@ PARALLEL_MIN_CONV_MACS = 1 << 20
 # output positions go in chunks of at most CONV_CHUNK_PANELS panels whose input slice is within
 # CONV_CHUNK_BYTES, and rows in blocks whose output chunk is within CONV_BLOCK_BYTES
 PACKED_CONV = True
+# ... or the other way round, positions x output channels (`conv_positions`), where
+# `positions_pay` says so; CONV_LAYOUT "rows" or "positions" forces one (tests)
+CONV_LAYOUT: str | None = None
+CONV_POSITIONS_PACK_COST = 16
 CONV_CHUNK_PANELS = 8
 CONV_CHUNK_BYTES = 1 << 19
 CONV_BLOCK_BYTES = 1 << 18
@@ -485,6 +489,59 @@ def conv_im2col(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[str],
     code.lines += ["            " + line for line in lines_epi]
 
 
+@dataclass
+class _ConvSource:
+    """Where `conv_packed`'s GEMMs read the input: B[k, q] = SRC[table[k] + q], q a position
+    on rows Wq wide (the input planes themselves for a direct 1x1, else the padded planes
+    split by stride phase into XP, `phase_planes`)."""
+    direct: bool
+    table: np.ndarray           # offset of row (c, i, j) of the im2col matrix
+    Wq: int
+    col_bytes: int              # input bytes per output position (a float of each plane)
+    planes: str = ""            # the line that fills XP, "" for a direct 1x1
+
+
+def _conv_source(e: Emitter, g: ConvGeometry, X: str) -> _ConvSource:
+    code = e.code
+    pads = (g.ph, g.pw, g.pe_h, g.pe_w)
+    if g.kh == 1 and g.kw == 1 and g.sh == 1 and g.sw == 1 and not any(pads):
+        return _ConvSource(True, np.arange(g.Cg, dtype=np.int64) * (g.H * g.W), g.OW,
+                           4 * g.Cg)
+    taps = [((i * g.dh) % g.sh, (j * g.dw) % g.sw, (i * g.dh) // g.sh, (j * g.dw) // g.sw)
+            for i in range(g.kh) for j in range(g.kw)]
+    phases = sorted({(t[0], t[1]) for t in taps})
+    NP = len(phases)
+    Hq = g.OH + (g.kh - 1) * g.dh // g.sh
+    Wq = g.OW + (g.kw - 1) * g.dw // g.sw
+    pq = Hq * Wq
+    table = np.array([(c * NP + phases.index((t[0], t[1]))) * pq + t[2] * Wq + t[3]
+                      for c in range(g.Cg) for t in taps], dtype=np.int64)
+    xp_size = g.Cg * NP * pq + Wq + 16
+    xp = e.alloc(xp_size)
+    code.lines.append(f"XP = WS[{xp}:{xp} + {code.int_param(xp_size)}]")
+    ph_name = code.array(("PH", e.kernel.name),
+                         ("array", np.array(phases, dtype=np.int64).reshape(-1)))
+    geo = ", ".join(code.int_param(v) for v in (g.H, g.W, g.ph, g.pw, g.sh, g.sw))
+    planes = (f"K.phase_planes({X}, xo, CG, {geo}, {ph_name}, {code.int_param(Hq)}, "
+              f"{code.int_param(Wq)}, XP)")
+    return _ConvSource(False, table, Wq, 4 * g.Cg * NP, planes)
+
+
+def positions_pay(g: ConvGeometry, Wq: int) -> bool:
+    """Whether `conv_positions` beats `conv_packed`'s rows: per output channel the rows path
+    computes OH * Wq positions in whole panels of PG.NR, the positions path every position once
+    for output channels in whole panels, plus the gather of its A (about
+    CONV_POSITIONS_PACK_COST multiply-adds per element; measured on ResNet-18's convolutions:
+    7 x 7 and 14 x 14 planes 1.1-1.4x faster this way, 28 x 28 and 56 x 56 not)."""
+    if g.G != 1:
+        return False
+    if CONV_LAYOUT is not None:
+        return CONV_LAYOUT == "positions"
+    rows = g.M * (-(-(g.OH * Wq) // PG.NR) * PG.NR)
+    positions = g.OH * g.OW * (-(-g.M // PG.NR) * PG.NR + CONV_POSITIONS_PACK_COST)
+    return positions < rows
+
+
 def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: list[str]) -> None:
     """A Conv as GEMMs of the packed weights (`packed_gemm.gemm_rows`) with B read through
     a table of row offsets: row (c, i, j) of the im2col matrix is a shifted view of one
@@ -493,36 +550,18 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
     (`phase_planes`), and computes each output row Wq >= OW wide (tap offsets along a row
     are then plain shifts); `compact_cols` drops the extra columns. Output positions go in
     chunks of whole 32-column panels sized to keep their slice of the input in L2, and each
-    chunk's epilogue runs while its rows are in cache."""
+    chunk's epilogue runs while its rows are in cache. Small planes with many channels go
+    the other way round (`conv_positions`, `positions_pay`)."""
     code = e.code
-    N, H, W, M, G, Cg, Mg = g.N, g.H, g.W, g.M, g.G, g.Cg, g.Mg
-    kh, kw, sh, sw, dh, dw, OH, OW = g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.OH, g.OW
-    pads = (g.ph, g.pw, g.pe_h, g.pe_w)
-    K_ = Cg * kh * kw
-    direct = kh == 1 and kw == 1 and sh == 1 and sw == 1 and not any(pads)
-    if direct:
-        Hq, Wq = OH, OW
-        table = np.arange(Cg, dtype=np.int64) * (H * W)
-        col_bytes = 4 * K_           # input bytes per output position: a float of each row
-    else:
-        taps = [((i * dh) % sh, (j * dw) % sw, (i * dh) // sh, (j * dw) // sw)
-                for i in range(kh) for j in range(kw)]
-        phases = sorted({(t[0], t[1]) for t in taps})
-        NP = len(phases)
-        Hq = OH + (kh - 1) * dh // sh
-        Wq = OW + (kw - 1) * dw // sw
-        pq = Hq * Wq
-        table = np.array([(c * NP + phases.index((t[0], t[1]))) * pq + t[2] * Wq + t[3]
-                          for c in range(Cg) for t in taps], dtype=np.int64)
-        col_bytes = 4 * Cg * NP      # ... a float of each plane (the taps share them)
-        xp_size = Cg * NP * pq + Wq + 16
-        xp = e.alloc(xp_size)
-        code.lines.append(f"XP = WS[{xp}:{xp} + {code.int_param(xp_size)}]")
-        ph_name = code.array(("PH", e.kernel.name),
-                          ("array", np.array(phases, dtype=np.int64).reshape(-1)))
+    G, Cg, Mg, OH, OW = g.G, g.Cg, g.Mg, g.OH, g.OW
+    K_ = Cg * g.kh * g.kw
+    src = _conv_source(e, g, X)
+    if positions_pay(g, src.Wq):
+        return conv_positions(e, g, wv, X, src, acc, lines_epi)
+    Wq = src.Wq
     PQ = OH * Wq                                # positions computed, Wq per output row
     # chunk: whole panels, the input slice it reads within CONV_CHUNK_BYTES
-    panels = max(1, min(CONV_CHUNK_PANELS, CONV_CHUNK_BYTES // (col_bytes * PG.NR)))
+    panels = max(1, min(CONV_CHUNK_PANELS, CONV_CHUNK_BYTES // (src.col_bytes * PG.NR)))
     CC = min(panels * PG.NR, -(-PQ // PG.NR) * PG.NR)
     # rows per block: the block's output chunk within CONV_BLOCK_BYTES, whole row tiles
     BM = max(PG.MR, (CONV_BLOCK_BYTES // (4 * CC)) // PG.MR * PG.MR)
@@ -530,9 +569,9 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
     wg = np.asarray(wv, dtype=np.float32).reshape(G, Mg, K_)
     wp = np.concatenate([PG.pack_rows(wg[g]).reshape(-1) for g in range(G)])
     wname = code.array(("WP", e.kernel.name), ("array", wp))
-    tname = code.array(("T", e.kernel.name), ("array", PG.row_table(table)))
+    tname = code.array(("T", e.kernel.name), ("array", PG.row_table(src.table)))
     compact = Wq != OW
-    macs = N * M * K_ * OH * OW
+    macs = g.N * g.M * K_ * OH * OW
     nchunks = -(-PQ // CC)
     # threads share the column chunks (one parallel region), else a large product's row tiles
     parts = conv_parts(e, macs, nchunks)
@@ -549,13 +588,11 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
     code.lines.append("for n in range(NB):")
     code.lines.append("    for g in range(GR):")
     code.lines.append("        xo = (n * CI + g * CG) * HW")
-    if direct:
-        src, src_off = X, "xo + c0"
+    if src.direct:
+        SRC, src_off = X, "xo + c0"
     else:
-        geo = ", ".join(code.int_param(v) for v in (H, W, pads[0], pads[1], sh, sw))
-        code.lines.append(f"        K.phase_planes({X}, xo, CG, {geo}, {ph_name}, "
-                          f"{code.int_param(Hq)}, WQ, XP)")
-        src, src_off = "XP", "c0"
+        code.lines.append("        " + src.planes)
+        SRC, src_off = "XP", "c0"
     ind, opb_off = _chunk_loop(e, parts, nchunks)
     code.lines.append(f"{ind}c1 = min(c0 + CC, PQ)")
     if compact:
@@ -571,12 +608,75 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
     code.lines.append(f"{ind}r1 = n * MO + g * MG + m1")
     if compact:
         code.lines.append(f"{ind}PG.{driver}_entry(({wname}, g * WG + m0 * KK, m1 - m0, KK, "
-                          f"{src}, {src_off}, {tname}, c1 - c0, OPB, {opb_off}, CC))")
+                          f"{SRC}, {src_off}, {tname}, c1 - c0, OPB, {opb_off}, CC))")
         code.lines.append(f"{ind}K.compact_cols(OPB[{opb_off}:], m1 - m0, CC, c0, c1, WQ, OW_, "
                           f"{acc}, r0 * EC, EC)")
     else:
         code.lines.append(f"{ind}PG.{driver}_entry(({wname}, g * WG + m0 * KK, m1 - m0, KK, "
-                          f"{src}, {src_off}, {tname}, c1 - c0, {acc}, r0 * EC + c0, EC))")
+                          f"{SRC}, {src_off}, {tname}, c1 - c0, {acc}, r0 * EC + c0, EC))")
+    code.lines += [ind + line for line in lines_epi]
+
+
+def conv_positions(e: Emitter, g: ConvGeometry, wv, X: str, src: _ConvSource, acc: str,
+                   lines_epi: list[str]) -> None:
+    """A Conv (one group) as C[position, channel] = A @ W^T: A the im2col matrix, gathered
+    block by block of positions into row tiles (`packed_gemm.pack_positions`, from the same
+    planes and tap table as `conv_packed`), the weights packed into column panels of output
+    channels (`packed_gemm.pack`, at compile time). Each panel's C block goes back into channel
+    rows (`transpose_into`) and its epilogue runs while they are in cache. No output column is
+    padding, which on a 7 x 7 plane is more than a fifth of the rows path's work. With threads,
+    each takes a range of positions (one parallel region)."""
+    code = e.code
+    K_, M, P = g.Cg * g.kh * g.kw, g.M, g.OH * g.OW
+    # positions per block: its tiles of A within CONV_BLOCK_BYTES, whole tiles
+    PB = max(PG.MR, (CONV_BLOCK_BYTES // (4 * K_)) // PG.MR * PG.MR)
+    PB = min(PB, -(-P // PG.MR) * PG.MR)
+    parts = conv_parts(e, g.N * M * K_ * P, -(-P // PG.MR))
+    aw = e.alloc(PG.a_workspace(PB, K_) * parts)
+    ot = e.alloc(PB * PG.NR * parts)
+    code.lines.append(f"AW = WS[{aw}:{aw} + {code.int_param(PG.a_workspace(PB, K_) * parts)}]")
+    code.lines.append(f"OT = WS[{ot}:{ot} + {code.int_param(PB * PG.NR * parts)}]")
+    wt = np.asarray(wv, dtype=np.float32).reshape(M, K_).T
+    bname = code.array(("WB", e.kernel.name), ("array", e.backend.packed(wt)))
+    tname = code.array(("T", e.kernel.name), ("array", src.table))
+    pos = [oh * src.Wq + ow for oh in range(g.OH) for ow in range(g.OW)]
+    pname = code.array(("POS", e.kernel.name), ("array", np.array(pos, dtype=np.int64)))
+    code.uses_packed_gemm = True
+    for name, v in (("CG", g.Cg), ("KK", K_), ("PP", P), ("PB", PB),
+                    ("AWP", PG.a_workspace(PB, K_)), ("NPAN", -(-M // PG.NR))):
+        code.lines.append(f"{name} = {code.int_param(v)}")
+    code.lines.append("for n in range(NB):")
+    code.lines.append("    xo = n * CI * HW")
+    if src.direct:
+        SRC, src_off = X, "xo"
+    else:
+        code.lines.append("    " + src.planes)
+        SRC, src_off = "XP", "0"
+    if parts == 1:
+        code.lines.append("    for q in range(1):")
+    else:
+        code.parallel = True
+        code.lines.append(f"    for q in prange({code.int_param(parts)}):")
+    ind = "        "
+    code.lines += [f"{ind}lo = q * PP // {code.int_param(parts)}",
+                   f"{ind}hi = (q + 1) * PP // {code.int_param(parts)}",
+                   f"{ind}for b0 in range(lo, hi, PB):"]
+    ind += "    "
+    code.lines += [f"{ind}b1 = min(b0 + PB, hi)",
+                   f"{ind}PG.pack_positions_entry(({SRC}, {src_off}, {tname}, {pname}, b0, b1, "
+                   f"KK, AW, q * AWP))",
+                   f"{ind}for pn in range(NPAN):"]
+    ind += "    "
+    code.lines += [f"{ind}m0 = pn * {PG.NR}",
+                   f"{ind}m1 = min(m0 + {PG.NR}, MO)",
+                   f"{ind}PG.gemm_panel_entry((AW, q * AWP, b1 - b0, KK, {bname}, pn, MO, OT, "
+                   f"q * PB * {PG.NR}, {PG.NR}))",
+                   f"{ind}K.transpose_into(OT, q * PB * {PG.NR}, {PG.NR}, b1 - b0, m1 - m0, "
+                   f"{acc}, (n * MO + m0) * EC + b0, EC)",
+                   f"{ind}r0 = n * MO + m0",
+                   f"{ind}r1 = n * MO + m1",
+                   f"{ind}oc0 = b0",
+                   f"{ind}oc1 = b1"]
     code.lines += [ind + line for line in lines_epi]
 
 

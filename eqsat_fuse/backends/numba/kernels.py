@@ -303,6 +303,17 @@ def compact_cols(src, rows, lds, c0, c1, Wq, OW, dst, doff, ldd):
 
 
 @njit(**_OPTS)
+def transpose_into(src, s_off, lds, rows, cols, dst, d_off, ldd):
+    """dst[d_off + c * ldd + r] = src[s_off + r * lds + c] for r < rows, c < cols, in 16 x 16
+    blocks (`transpose16`): a positions-major GEMM result into channel rows."""
+    for r0 in range(0, rows, LANES):
+        for c0 in range(0, cols, LANES):
+            transpose16(dst.ctypes.data + 4 * (d_off + c0 * ldd + r0), ldd,
+                        src.ctypes.data + 4 * (s_off + r0 * lds + c0), lds,
+                        min(LANES, rows - r0), min(LANES, cols - c0))
+
+
+@njit(**_OPTS)
 def im2col(x, xoff, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, cols):
     """cols[(c, i, j), (oh, ow)] = x[c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (0 outside)."""
     wide_vectors()

@@ -6,8 +6,8 @@ depthwise convolution ran 2-5x slower than onnxruntime's that way). These intrin
 loops in LLVM IR with `<16 x float>` values, so the accumulators stay in registers; Numba
 caches the machine code with the kernel that calls them.
 
-Numba keys that cache by the calling function's own file (`kernels.py`), not this one: after
-editing this file, touch `kernels.py` too (generated kernels are keyed by both, see
+Numba keys that cache by the calling function's own file (`kernels.py`, `packed_gemm.py`), not
+this one: after editing this file, touch those too (generated kernels are keyed by both, see
 `source.RUNTIME_DIGEST`).
 """
 
@@ -154,4 +154,30 @@ def transpose16(typingctx, dst, dld, src, sld, nr, nc):
     return sig, codegen
 
 
-__all__ = ["LANES", "tap_sums1", "tap_sums4", "transpose16"]
+@intrinsic
+def copy16(typingctx, dst, src, n):
+    """dst[i] = src[i] for i < n (n <= 16; float32, integer addresses): one masked vector load
+    and store, where a scalar loop moves a float at a time (`packed_gemm.pack_positions`'
+    runs of output positions)."""
+    sig = types.none(dst, src, n)
+
+    def codegen(context, builder, signature, args):
+        dst_a, src_a, n_v = [context.cast(builder, v, t, types.int64)
+                             for v, t in zip(args, signature.args)]
+        vptr = _V16.as_pointer()
+        mask_ty = ir.VectorType(ir.IntType(1), LANES)
+        load = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            _V16, [vptr, ir.IntType(32), mask_ty, _V16]), "llvm.masked.load.v16f32.p0")
+        store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [_V16, vptr, ir.IntType(32), mask_ty]), "llvm.masked.store.v16f32.p0")
+        lanes = _lanes_below(builder, n_v)
+        value = builder.call(load, [builder.inttoptr(src_a, vptr), ir.Constant(ir.IntType(32), 4),
+                                    lanes, ir.Constant(_V16, [0.0] * LANES)])
+        builder.call(store, [value, builder.inttoptr(dst_a, vptr), ir.Constant(ir.IntType(32), 4),
+                             lanes])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+__all__ = ["LANES", "copy16", "tap_sums1", "tap_sums4", "transpose16"]
