@@ -309,6 +309,37 @@ def test_pooling_matches_onnxruntime(op, attrs, kernel_cache, rng):
     _check(_compile(model, kernel_cache))
 
 
+@pytest.mark.parametrize("attrs", [
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),         # ResNet's stem
+    dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+    dict(kernel_shape=[2, 5], strides=[2, 2], pads=[0, 2, 1, 1], dilations=[2, 2],
+         ceil_mode=1),
+])
+def test_wide_max_pools_take_their_inside_columns_in_vectors(attrs, kernel_cache, rng):
+    # rows 53 wide: the columns whose taps are all inside go 16 at a time (`vectors.tap_max`),
+    # the edges one at a time; NaN and -inf come out as the NumPy backend's (a NaN counts as
+    # float32's lowest value; which zero wins a tie of -0 and +0 is left open, as in ONNX)
+    import onnx
+    node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, 3, 37, 53])], [helper.make_empty_tensor_value_info("y")])
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    program = _compile(model, kernel_cache)
+    _check(program)
+    x = rng.standard_normal((2, 3, 37, 53)).astype(np.float32)
+    special = rng.integers(0, 6, x.shape)
+    x[special == 0] = np.nan
+    x[special == 1] = -np.inf
+    x[special == 2] = -0.0
+    x[special == 3] = 0.0
+    x[0, 0] = np.nan                        # whole planes of NaN and of -inf
+    x[0, 1] = -np.inf
+    reference = ef.compile(model, backend="numpy").run({"x": x})["y"]
+    got = program.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, reference)
+
+
 @pytest.mark.parametrize("cols", [1, 15, 16, 17, 100])
 def test_row_reductions_in_lanes(cols, kernel_cache, rng):
     nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=-1),

@@ -180,4 +180,75 @@ def copy16(typingctx, dst, src, n):
     return sig, codegen
 
 
-__all__ = ["LANES", "copy16", "tap_sums1", "tap_sums4", "transpose16"]
+def _tap_max(step: int):
+    """The intrinsic `f(out, x, offs, taps, n)` on integer addresses: for lanes i < n (<= 16),
+    out[i] = the max over t < taps of x[offs[t] + i * `step`] (offsets in floats; step 1 or 2,
+    two loads and a shuffle of the even lanes), from -inf, a NaN counting as float32's lowest
+    value and the first of equal values kept: `kernels.pool2d`'s max, taps in its order."""
+
+    def typer(typingctx, out, x, offs, taps, n):
+        sig = types.none(out, x, offs, taps, n)
+
+        def codegen(context, builder, signature, args):
+            out_a, x_a, offs_a, taps_v, n_v = [context.cast(builder, v, t, types.int64)
+                                               for v, t in zip(args, signature.args)]
+            fptr, vptr = _F32.as_pointer(), _V16.as_pointer()
+            mask_ty = ir.VectorType(ir.IntType(1), LANES)
+            load = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                _V16, [vptr, ir.IntType(32), mask_ty, _V16]), "llvm.masked.load.v16f32.p0")
+            store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                ir.VoidType(), [_V16, vptr, ir.IntType(32), mask_ty]),
+                "llvm.masked.store.v16f32.p0")
+            align = ir.Constant(ir.IntType(32), 4)
+            zero = ir.Constant(_V16, [0.0] * LANES)
+            lowest = ir.Constant(_V16, [-3.4028234663852886e38] * LANES)
+            x_p = builder.inttoptr(x_a, fptr)
+            offs_p = builder.inttoptr(offs_a, _I64.as_pointer())
+            # the floats each load reads: lanes below n (step 1); below 2n - 1 (step 2)
+            if step == 1:
+                masks = [_lanes_below(builder, n_v)]
+            else:
+                last = builder.sub(builder.mul(n_v, ir.Constant(_I64, 2)), ir.Constant(_I64, 1))
+                masks = [_lanes_below(builder, last),
+                         _lanes_below(builder, builder.sub(last, ir.Constant(_I64, LANES)))]
+            start = builder.block
+            loop = builder.append_basic_block("max.loop")
+            done = builder.append_basic_block("max.done")
+            builder.cbranch(builder.icmp_signed(">", taps_v, ir.Constant(_I64, 0)), loop, done)
+            builder.position_at_end(loop)
+            t = builder.phi(_I64)
+            acc = builder.phi(_V16)
+            at = builder.gep(x_p, [builder.load(builder.gep(offs_p, [t]))])
+            parts = [builder.call(load, [builder.bitcast(builder.gep(
+                at, [ir.Constant(_I64, LANES * h)]), vptr), align, m, zero])
+                for h, m in enumerate(masks)]
+            v = parts[0] if step == 1 else builder.shuffle_vector(
+                parts[0], parts[1], ir.Constant(_MASK, list(range(0, 2 * LANES, 2))))
+            v = builder.select(builder.fcmp_ordered("ord", v, v), v, lowest)
+            new = builder.select(builder.fcmp_ordered(">", v, acc), v, acc)
+            t1 = builder.add(t, ir.Constant(_I64, 1))
+            end = builder.block
+            builder.cbranch(builder.icmp_signed("<", t1, taps_v), loop, done)
+            t.add_incoming(ir.Constant(_I64, 0), start)
+            t.add_incoming(t1, end)
+            acc.add_incoming(ir.Constant(_V16, [float("-inf")] * LANES), start)
+            acc.add_incoming(new, end)
+            builder.position_at_end(done)
+            final = builder.phi(_V16)
+            final.add_incoming(ir.Constant(_V16, [float("-inf")] * LANES), start)
+            final.add_incoming(new, end)
+            builder.call(store, [final, builder.bitcast(builder.inttoptr(out_a, fptr), vptr),
+                                 align, _lanes_below(builder, n_v)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = f"tap_max{step}"
+    return intrinsic(typer)
+
+
+tap_max1 = _tap_max(1)
+tap_max2 = _tap_max(2)
+
+
+__all__ = ["LANES", "copy16", "tap_max1", "tap_max2", "tap_sums1", "tap_sums4", "transpose16"]
