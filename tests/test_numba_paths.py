@@ -86,7 +86,7 @@ _CONVS = [
     dict(c=5, m=5, group=5, k=3, pads=(0, 1, 2, 1), size=33),
     # positions x channels (`conv_positions`): several blocks of positions and a partial last
     # panel of channels, a batch, a 1x1 read in place, a stride-2 one split by phase
-    dict(c=64, m=70, size=12, batch=2),
+    dict(c=64, m=70, size=30, batch=2),
     dict(c=40, m=33, k=1, pads=(0, 0, 0, 0), size=7, batch=2, residual=False),
     dict(c=24, m=40, size=9, strides=(2, 2), pads=(1, 0, 1, 1), residual=False),
 ]

@@ -38,6 +38,7 @@ PACKED_CONV = True
 # `positions_pay` says so; CONV_LAYOUT "rows" or "positions" forces one (tests)
 CONV_LAYOUT: str | None = None
 CONV_POSITIONS_PACK_COST = 16
+CONV_POSITIONS_BLOCK_BYTES = 1 << 20
 CONV_CHUNK_PANELS = 8
 CONV_CHUNK_BYTES = 1 << 19
 CONV_BLOCK_BYTES = 1 << 18
@@ -628,22 +629,28 @@ def conv_positions(e: Emitter, g: ConvGeometry, wv, X: str, src: _ConvSource, ac
     each takes a range of positions (one parallel region)."""
     code = e.code
     K_, M, P = g.Cg * g.kh * g.kw, g.M, g.OH * g.OW
-    # positions per block: its tiles of A within CONV_BLOCK_BYTES, whole tiles
-    PB = max(PG.MR, (CONV_BLOCK_BYTES // (4 * K_)) // PG.MR * PG.MR)
-    PB = min(PB, -(-P // PG.MR) * PG.MR)
+    # positions per block: a part's range in blocks of about PB, its A within
+    # CONV_POSITIONS_BLOCK_BYTES (each block streams all the weights, so a range up to 1.5 PB
+    # stays one block: a 7 x 7 plane's 49 positions over 4,608 taps, 0.9 MB, in one)
+    PB = max(PG.MR, (CONV_POSITIONS_BLOCK_BYTES // (4 * K_)) // PG.MR * PG.MR)
     parts = conv_parts(e, g.N * M * K_ * P, -(-P // PG.MR))
-    aw = e.alloc(PG.a_workspace(PB, K_) * parts)
-    ot = e.alloc(PB * PG.NR * parts)
-    code.lines.append(f"AW = WS[{aw}:{aw} + {code.int_param(PG.a_workspace(PB, K_) * parts)}]")
-    code.lines.append(f"OT = WS[{ot}:{ot} + {code.int_param(PB * PG.NR * parts)}]")
+
+    def block(n: int) -> int:                   # the generated code's `pb`
+        return -(-n // max(1, (n + PB // 2) // PB))
+    most = max(block((q + 1) * P // parts - q * P // parts) for q in range(parts))
+    AWP = PG.a_workspace(most, K_)
+    aw = e.alloc(AWP * parts)
+    ot = e.alloc(most * PG.NR * parts)
+    code.lines.append(f"AW = WS[{aw}:{aw} + {code.int_param(AWP * parts)}]")
+    code.lines.append(f"OT = WS[{ot}:{ot} + {code.int_param(most * PG.NR * parts)}]")
     wt = np.asarray(wv, dtype=np.float32).reshape(M, K_).T
     bname = code.array(("WB", e.kernel.name), ("array", e.backend.packed(wt)))
     tname = code.array(("T", e.kernel.name), ("array", src.table))
     pos = [oh * src.Wq + ow for oh in range(g.OH) for ow in range(g.OW)]
     pname = code.array(("POS", e.kernel.name), ("array", np.array(pos, dtype=np.int64)))
     code.uses_packed_gemm = True
-    for name, v in (("CG", g.Cg), ("KK", K_), ("PP", P), ("PB", PB),
-                    ("AWP", PG.a_workspace(PB, K_)), ("NPAN", -(-M // PG.NR))):
+    for name, v in (("CG", g.Cg), ("KK", K_), ("PP", P), ("PB", PB), ("AWP", AWP),
+                    ("OTP", most * PG.NR), ("NPAN", -(-M // PG.NR))):
         code.lines.append(f"{name} = {code.int_param(v)}")
     code.lines.append("for n in range(NB):")
     code.lines.append("    xo = n * CI * HW")
@@ -660,9 +667,10 @@ def conv_positions(e: Emitter, g: ConvGeometry, wv, X: str, src: _ConvSource, ac
     ind = "        "
     code.lines += [f"{ind}lo = q * PP // {code.int_param(parts)}",
                    f"{ind}hi = (q + 1) * PP // {code.int_param(parts)}",
-                   f"{ind}for b0 in range(lo, hi, PB):"]
+                   f"{ind}pb = max(1, -(-(hi - lo) // max(1, (hi - lo + PB // 2) // PB)))",
+                   f"{ind}for b0 in range(lo, hi, pb):"]
     ind += "    "
-    code.lines += [f"{ind}b1 = min(b0 + PB, hi)",
+    code.lines += [f"{ind}b1 = min(b0 + pb, hi)",
                    f"{ind}PG.pack_positions_entry(({SRC}, {src_off}, {tname}, {pname}, b0, b1, "
                    f"KK, AW, q * AWP))",
                    f"{ind}for pn in range(NPAN):"]
@@ -670,8 +678,8 @@ def conv_positions(e: Emitter, g: ConvGeometry, wv, X: str, src: _ConvSource, ac
     code.lines += [f"{ind}m0 = pn * {PG.NR}",
                    f"{ind}m1 = min(m0 + {PG.NR}, MO)",
                    f"{ind}PG.gemm_panel_entry((AW, q * AWP, b1 - b0, KK, {bname}, pn, MO, OT, "
-                   f"q * PB * {PG.NR}, {PG.NR}))",
-                   f"{ind}K.transpose_into(OT, q * PB * {PG.NR}, {PG.NR}, b1 - b0, m1 - m0, "
+                   f"q * OTP, {PG.NR}))",
+                   f"{ind}K.transpose_into(OT, q * OTP, {PG.NR}, b1 - b0, m1 - m0, "
                    f"{acc}, (n * MO + m0) * EC + b0, EC)",
                    f"{ind}r0 = n * MO + m0",
                    f"{ind}r1 = n * MO + m1",
