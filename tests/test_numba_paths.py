@@ -84,8 +84,8 @@ _CONVS = [
     # from `kernels.DW_PLANE_MIN` columns on (3 x 3 taps, asymmetric pads)
     dict(c=20, m=20, group=20, k=7, pads=(3, 2, 1, 4), size=9),
     dict(c=5, m=5, group=5, k=3, pads=(0, 1, 2, 1), size=33),
-    # positions x channels (`conv_positions`): several blocks of positions and a partial last
-    # panel of channels, a batch, a 1x1 read in place, a stride-2 one split by phase
+    # positions x channels (`conv_positions`): several blocks of output rows and a partial
+    # last panel of channels, a batch, a 1x1 read in place, a stride-2 one split by phase
     dict(c=64, m=70, size=30, batch=2),
     dict(c=40, m=33, k=1, pads=(0, 0, 0, 0), size=7, batch=2, residual=False),
     dict(c=24, m=40, size=9, strides=(2, 2), pads=(1, 0, 1, 1), residual=False),
@@ -96,8 +96,8 @@ _CONVS = [
 @pytest.mark.parametrize("cfg", _CONVS)
 def test_convolutions_match_onnxruntime(cfg, path, kernel_cache, rng, monkeypatch):
     # rows: the AVX-512 microkernel over row offsets of the input (where the CPU has it);
-    # positions: the same microkernel over gathered positions x the packed weights (one group;
-    # grouped ones take the rows path); blas: the paths of other CPUs (im2col, shifted GEMMs,
+    # positions: the microkernel over positions read straight from the planes x the packed
+    # weights (one group; grouped ones take the rows path); blas: the paths of other CPUs (im2col, shifted GEMMs,
     # 1x1 straight from the planes)
     from eqsat_fuse.backends.numba import contraction
     from eqsat_fuse.backends.numba import packed_gemm as PG
@@ -131,7 +131,7 @@ def test_packed_conv_is_used_on_avx512(k, direct, tmp_path, rng):
     # a 1x1 stride-1 Conv reads its input in place; others split it by phase, then compact
     assert ("K.phase_planes" in sources) == (not direct)
     assert ("K.compact_cols" in sources) == (not direct)
-    assert "PG.pack_positions_entry(" not in sources
+    assert "PG.gemm_gather_entry(" not in sources
 
 
 @pytest.mark.parametrize("size, m, positions", [(7, 64, True), (14, 256, True), (30, 16, False)])
@@ -143,7 +143,7 @@ def test_small_planes_with_many_channels_go_by_positions(size, m, positions, tmp
         pytest.skip("the packed convolution needs AVX-512")
     _check(_compile(_conv_model(rng, c=32, m=m, size=size), tmp_path))
     sources = _sources(tmp_path)
-    assert ("PG.pack_positions_entry(" in sources) == positions
+    assert ("PG.gemm_gather_entry(" in sources) == positions
     assert ("PG.gemm_rows_entry(" in sources) == (not positions)
 
 

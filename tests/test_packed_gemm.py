@@ -117,6 +117,33 @@ def test_gemm_rows_reads_b_through_the_row_table(m, k, n, b_off, pad_c, parallel
     assert np.all(c[:c_off] == 9.5) and np.all(c[c_off + m * ldc:] == 9.5)
 
 
+@settings(max_examples=60, deadline=None)
+@given(lines=st.integers(1, 4), lw=st.integers(1, 30), k=st.integers(1, 40),
+       n=st.integers(1, 80), x_off=st.integers(0, 9), seed=st.integers(0, 2**16))
+def test_gemm_gather_reads_a_straight_from_the_planes(lines, lw, k, n, x_off, seed):
+    # A[l, i, k] = x[x_off + l * stride + T[k] + i]: lw consecutive positions per line, the
+    # taps anywhere (out of order, repeated); one panel of C (NR columns, the last masked),
+    # the rows past the block and the columns past the panel untouched
+    rng = np.random.default_rng(seed)
+    stride = lw + int(rng.integers(0, 4))
+    table = rng.integers(0, 3 * lw + 1, k).astype(np.int64)
+    x = rng.standard_normal(x_off + (lines + 1) * stride + 4 * lw + 1).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bp = PG.pack(w)
+    l0, l1 = (1, lines) if lines > 1 else (0, 1)
+    for p in range(bp.shape[0]):
+        c = np.full((l1 - l0) * lw * PG.NR + 7, 9.5, np.float32)
+        PG.gemm_gather(x, x_off, table, l0, l1, lw, stride, bp, p, n, k, c, 3)
+        rows = [x_off + l * stride + i for l in range(l0, l1) for i in range(lw)]
+        A = np.stack([x[r + table] for r in rows]).astype(np.float64)
+        cols = min(PG.NR, n - p * PG.NR)
+        C = c[3:3 + len(rows) * PG.NR].reshape(len(rows), PG.NR)
+        np.testing.assert_allclose(C[:, :cols], A @ w[:, p * PG.NR:p * PG.NR + cols],
+                                   rtol=1e-5, atol=1e-5 * k)
+        assert np.all(C[:, cols:] == 9.5) and np.all(c[:3] == 9.5)
+        assert np.all(c[3 + len(rows) * PG.NR:] == 9.5)
+
+
 def test_gemm_rows_starts_at_a_row_tile_of_a_larger_matrix(rng):
     # the backend passes rows [m0, m1) of packed weights as an offset of m0 * k (m0 % MR == 0)
     a = rng.standard_normal((30, 7)).astype(np.float32)

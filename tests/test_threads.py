@@ -109,7 +109,7 @@ def test_blas_products_with_an_epilogue_split_among_threads(tmp_path, rng):
 def test_a_positions_conv_shares_its_positions_among_threads_with_the_same_result(
         tmp_path, rng):
     # a 7 x 7 plane with many channels goes positions x channels (`conv_positions`); each
-    # thread takes a range of positions, with its own tiles of A and its own C block
+    # thread takes a range of output rows, with its own C block
     if not PG.AVAILABLE:
         pytest.skip("the packed convolution needs AVX-512")
     w = (rng.standard_normal((256, 128, 3, 3)) * 0.05).astype(np.float32)
@@ -119,7 +119,7 @@ def test_a_positions_conv_shares_its_positions_among_threads_with_the_same_resul
     one = ef.compile(model, backend="numba", cache_dir=tmp_path / "one", threads=1)
     two = ef.compile(model, backend="numba", cache_dir=tmp_path / "two", threads=2)
     shared = "".join(p.read_text() for p in (tmp_path / "two").glob("k_*.py"))
-    assert "PG.pack_positions_entry(" in shared and "for q in prange(" in shared
+    assert "PG.gemm_gather_entry(" in shared and "for q in prange(" in shared
     feeds = {"x": rng.standard_normal((1, 128, 7, 7)).astype(np.float32)}
     np.testing.assert_array_equal(two.run(feeds)["y"], one.run(feeds)["y"])
     result = two.verify(seed=3)

@@ -43,10 +43,10 @@ Kernel families:
   at compile time, a register-blocked microkernel: 1.2x OpenBLAS on the BERT-base shapes), and
   Conv runs `packed_gemm.gemm_rows` (weights packed into row tiles, the input read through a
   table of row offsets: each im2col row is a shifted view of a padded, phase-split input
-  plane, so no im2col matrix is built; `conv_packed`); a small plane with many channels
-  (7 x 7, 14 x 14) goes positions x channels instead, its im2col rows gathered per block
-  against the weights packed into column panels (`conv_positions`: no output column is
-  padding). Depthwise Conv runs direct loops (3x3
+  plane, so no im2col matrix is built; `conv_packed`); where the products are long (3x3
+  over 64 channels and more) a Conv goes positions x channels instead, the microkernel reading
+  A straight from the planes against the weights packed into column panels (`conv_positions`:
+  no output column is padding). Depthwise Conv runs direct loops (3x3
   taps summed in registers). Other CPUs use BLAS: `np.dot` (im2col, direct 1x1), shifted GEMMs
   over the padded input for stride-1 convolutions on wide planes, and `kernels.gemm`,
   which takes leading dimensions and transposes so transposed or sliced views need no copy.

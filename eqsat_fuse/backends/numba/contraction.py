@@ -37,8 +37,8 @@ PACKED_CONV = True
 # ... or the other way round, positions x output channels (`conv_positions`), where
 # `positions_pay` says so; CONV_LAYOUT "rows" or "positions" forces one (tests)
 CONV_LAYOUT: str | None = None
-CONV_POSITIONS_PACK_COST = 16
-CONV_POSITIONS_BLOCK_BYTES = 1 << 20
+CONV_POSITIONS_MIN_K = 128
+CONV_POSITIONS_BLOCK = 512          # output positions per block of `conv_positions`
 CONV_CHUNK_PANELS = 8
 CONV_CHUNK_BYTES = 1 << 19
 CONV_BLOCK_BYTES = 1 << 18
@@ -531,16 +531,20 @@ def _conv_source(e: Emitter, g: ConvGeometry, X: str) -> _ConvSource:
 def positions_pay(g: ConvGeometry, Wq: int) -> bool:
     """Whether `conv_positions` beats `conv_packed`'s rows: per output channel the rows path
     computes OH * Wq positions in whole panels of PG.NR, the positions path every position once
-    for output channels in whole panels, plus the gather of its A (about
-    CONV_POSITIONS_PACK_COST multiply-adds per element; measured on ResNet-18's convolutions:
-    7 x 7 and 14 x 14 planes 1.1-1.4x faster this way, 28 x 28 and 56 x 56 not)."""
+    for output channels in whole panels; its C goes through a transpose, which pays where the
+    products are long (at least CONV_POSITIONS_MIN_K taps x channels). Measured on this
+    machine (Zen 4), one thread: ResNet-18's 3 x 3 convolutions 1.05-1.4x faster this way on
+    every plane from 56 x 56 to 7 x 7, a 1x1 of 512 channels on 7 x 7 1.25x; a 1x1 of 16 or 64
+    channels on 112 x 112 or 56 x 56 1.1-1.3x slower."""
     if g.G != 1:
         return False
     if CONV_LAYOUT is not None:
         return CONV_LAYOUT == "positions"
+    if g.Cg * g.kh * g.kw < CONV_POSITIONS_MIN_K:
+        return False
     rows = g.M * (-(-(g.OH * Wq) // PG.NR) * PG.NR)
-    positions = g.OH * g.OW * (-(-g.M // PG.NR) * PG.NR + CONV_POSITIONS_PACK_COST)
-    return positions < rows
+    positions = g.OH * g.OW * (-(-g.M // PG.NR) * PG.NR)
+    return positions <= rows
 
 
 def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: list[str]) -> None:
@@ -620,37 +624,27 @@ def conv_packed(e: Emitter, g: ConvGeometry, wv, X: str, acc: str, lines_epi: li
 
 def conv_positions(e: Emitter, g: ConvGeometry, wv, X: str, src: _ConvSource, acc: str,
                    lines_epi: list[str]) -> None:
-    """A Conv (one group) as C[position, channel] = A @ W^T: A the im2col matrix, gathered
-    block by block of positions into row tiles (`packed_gemm.pack_positions`, from the same
-    planes and tap table as `conv_packed`), the weights packed into column panels of output
-    channels (`packed_gemm.pack`, at compile time). Each panel's C block goes back into channel
-    rows (`transpose_into`) and its epilogue runs while they are in cache. No output column is
-    padding, which on a 7 x 7 plane is more than a fifth of the rows path's work. With threads,
-    each takes a range of positions (one parallel region)."""
+    """A Conv (one group) as C[position, channel] = A @ W^T (`packed_gemm.gemm_gather`): A the
+    im2col matrix, which the microkernel reads straight from the same planes and tap table as
+    `conv_packed` (the positions of a tile consecutive along an output row), the weights packed
+    into column panels of output channels (`packed_gemm.pack`, at compile time). Output rows go
+    in blocks; each panel's C block goes back into channel rows (`transpose_into`) and its
+    epilogue runs while they are in cache. No output column is padding, which on a 7 x 7 plane
+    is more than a fifth of the rows path's work. With threads, each takes a range of output
+    rows (one parallel region)."""
     code = e.code
-    K_, M, P = g.Cg * g.kh * g.kw, g.M, g.OH * g.OW
-    # positions per block: a part's range in blocks of about PB, its A within
-    # CONV_POSITIONS_BLOCK_BYTES (each block streams all the weights, so a range up to 1.5 PB
-    # stays one block: a 7 x 7 plane's 49 positions over 4,608 taps, 0.9 MB, in one)
-    PB = max(PG.MR, (CONV_POSITIONS_BLOCK_BYTES // (4 * K_)) // PG.MR * PG.MR)
-    parts = conv_parts(e, g.N * M * K_ * P, -(-P // PG.MR))
-
-    def block(n: int) -> int:                   # the generated code's `pb`
-        return -(-n // max(1, (n + PB // 2) // PB))
-    most = max(block((q + 1) * P // parts - q * P // parts) for q in range(parts))
-    AWP = PG.a_workspace(most, K_)
-    aw = e.alloc(AWP * parts)
-    ot = e.alloc(most * PG.NR * parts)
-    code.lines.append(f"AW = WS[{aw}:{aw} + {code.int_param(AWP * parts)}]")
-    code.lines.append(f"OT = WS[{ot}:{ot} + {code.int_param(most * PG.NR * parts)}]")
+    K_, M, OH, OW = g.Cg * g.kh * g.kw, g.M, g.OH, g.OW
+    # output rows per block: its C block within CONV_POSITIONS_BLOCK positions
+    RB = max(1, min(OH, CONV_POSITIONS_BLOCK // OW))
+    parts = conv_parts(e, g.N * M * K_ * OH * OW, OH)
+    ot = e.alloc(RB * OW * PG.NR * parts)
+    code.lines.append(f"OT = WS[{ot}:{ot} + {code.int_param(RB * OW * PG.NR * parts)}]")
     wt = np.asarray(wv, dtype=np.float32).reshape(M, K_).T
     bname = code.array(("WB", e.kernel.name), ("array", e.backend.packed(wt)))
     tname = code.array(("T", e.kernel.name), ("array", src.table))
-    pos = [oh * src.Wq + ow for oh in range(g.OH) for ow in range(g.OW)]
-    pname = code.array(("POS", e.kernel.name), ("array", np.array(pos, dtype=np.int64)))
     code.uses_packed_gemm = True
-    for name, v in (("CG", g.Cg), ("KK", K_), ("PP", P), ("PB", PB), ("AWP", AWP),
-                    ("OTP", most * PG.NR), ("NPAN", -(-M // PG.NR))):
+    for name, v in (("CG", g.Cg), ("KK", K_), ("OH_", OH), ("OW_", OW), ("WQ", src.Wq), ("RB", RB),
+                    ("OTP", RB * OW * PG.NR), ("NPAN", -(-M // PG.NR))):
         code.lines.append(f"{name} = {code.int_param(v)}")
     code.lines.append("for n in range(NB):")
     code.lines.append("    xo = n * CI * HW")
@@ -665,26 +659,23 @@ def conv_positions(e: Emitter, g: ConvGeometry, wv, X: str, src: _ConvSource, ac
         code.parallel = True
         code.lines.append(f"    for q in prange({code.int_param(parts)}):")
     ind = "        "
-    code.lines += [f"{ind}lo = q * PP // {code.int_param(parts)}",
-                   f"{ind}hi = (q + 1) * PP // {code.int_param(parts)}",
-                   f"{ind}pb = max(1, -(-(hi - lo) // max(1, (hi - lo + PB // 2) // PB)))",
-                   f"{ind}for b0 in range(lo, hi, pb):"]
+    code.lines += [f"{ind}lo = q * OH_ // {code.int_param(parts)}",
+                   f"{ind}hi = (q + 1) * OH_ // {code.int_param(parts)}",
+                   f"{ind}for l0 in range(lo, hi, RB):"]
     ind += "    "
-    code.lines += [f"{ind}b1 = min(b0 + pb, hi)",
-                   f"{ind}PG.pack_positions_entry(({SRC}, {src_off}, {tname}, {pname}, b0, b1, "
-                   f"KK, AW, q * AWP))",
+    code.lines += [f"{ind}l1 = min(l0 + RB, hi)",
                    f"{ind}for pn in range(NPAN):"]
     ind += "    "
     code.lines += [f"{ind}m0 = pn * {PG.NR}",
                    f"{ind}m1 = min(m0 + {PG.NR}, MO)",
-                   f"{ind}PG.gemm_panel_entry((AW, q * AWP, b1 - b0, KK, {bname}, pn, MO, OT, "
-                   f"q * OTP, {PG.NR}))",
-                   f"{ind}K.transpose_into(OT, q * OTP, {PG.NR}, b1 - b0, m1 - m0, "
-                   f"{acc}, (n * MO + m0) * EC + b0, EC)",
+                   f"{ind}PG.gemm_gather_entry(({SRC}, {src_off}, {tname}, l0, l1, OW_, WQ, "
+                   f"{bname}, pn, MO, KK, OT, q * OTP))",
+                   f"{ind}K.transpose_into(OT, q * OTP, {PG.NR}, (l1 - l0) * OW_, m1 - m0, "
+                   f"{acc}, (n * MO + m0) * EC + l0 * OW_, EC)",
                    f"{ind}r0 = n * MO + m0",
                    f"{ind}r1 = n * MO + m1",
-                   f"{ind}oc0 = b0",
-                   f"{ind}oc1 = b1"]
+                   f"{ind}oc0 = l0 * OW_",
+                   f"{ind}oc1 = l1 * OW_"]
     code.lines += [ind + line for line in lines_epi]
 
 

@@ -14,10 +14,10 @@ stream); B comes in one of two ways:
 - `gemm_rows`: B[k, j] at b[b_off + table[k] + j], a table of row offsets. For Conv, A is the
   constant weights and row (c, i, j) of the im2col matrix is a shifted view of an input plane,
   so no im2col matrix is built (backend_numba `conv_packed`);
-- `gemm_panel` after `pack_positions`: the other way round, for a Conv whose output plane is
-  small next to its channels (7 x 7, 14 x 14): A is the im2col matrix, positions x (c, i, j),
-  gathered into row tiles per block of positions, B the weights packed by `pack`, so no output
-  column is padding (`contraction.conv_positions`).
+- `gemm_gather`: the other way round, for Conv: A is the im2col matrix, positions x (c, i, j),
+  read by the microkernel straight from the input planes (A[i, k] at x + T[k] + i for the
+  consecutive positions i of an output row), B the weights packed by `pack`, so no output
+  column is padding and nothing is packed per call (`contraction.conv_positions`).
 
 llvmlite compiles the module to object code once per machine (0.3-0.4 s; kept in
 `cache.runtime_cache_dir`, keyed by the IR, the CPU and llvmlite's version), each process
@@ -42,7 +42,6 @@ from numba.extending import intrinsic
 from .cache import read_object, runtime_cache_dir, write_object
 from .calls import F32_ARRAY, F32_ARRAY3, I64, I64_ARRAY, runtime_entry
 from .kernels import WIDE_VECTORS
-from .vectors import copy16
 
 U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
 
@@ -50,6 +49,7 @@ NR = 32            # columns per panel: two 16-float vectors
 MR = 12            # rows per microkernel call at most
 SYMBOL = "eqsat_fuse_mk"
 SYMBOL_TABLE = "eqsat_fuse_mkt"
+SYMBOL_ATABLE = "eqsat_fuse_mka"
 # floats of the B panel fetched ahead of the loads (16 steps of K): +7-12% when the weights come
 # from L3, as they do in a model (measured 256 / 512 / 1024 ahead: the same within noise)
 PREFETCH = 512
@@ -60,7 +60,7 @@ TABLE_PREFETCH = 8
 
 __all__ = ["AVAILABLE", "NR", "MR", "pack", "panels_for", "pack_into", "pack_rows",
            "a_workspace", "ensure_compiled", "gemm", "gemm_parallel", "gemm_rows", "gemm_rows_parallel", "row_table",
-           "pack_positions", "gemm_panel", "microkernel_ir"]
+           "gemm_gather", "microkernel_ir"]
 
 
 # the microkernel is AVX-512 code: available where the kernels vectorize 512 bits wide
@@ -100,16 +100,19 @@ def _pack_into(b, out):
                 out[p, kk, j] = np.float32(0)
 
 
-def _tile_ir(mr: int, table: bool = False) -> str:
+def _tile_ir(mr: int, table: bool = False, a_table: bool = False) -> str:
     """`void mk<mr>(A, B, C, ldc, k, ncols)`: C[i, j] = sum_k A[i, k] B[k, j] for i < mr,
     j < ncols (<= NR); A one row tile of `pack_rows` (A[i, k] at A + k MR + i), B one panel
-    (k rows of NR floats).
+    (k rows of NR floats). With `a_table`, `void mka<mr>(A, T, B, C, ldc, k, ncols)`: A[i, k]
+    at A + T[k] + i (an int64 table of offsets in floats), B one panel.
 
     With `table`, `void mkt<mr>(A, T, B, C, ldc, k, ncols)`: B[k, j] at B + T[k] + j, T an
     int64 table of row offsets (in floats); the loads of B are masked to j < ncols, so no
     column past the tile is read."""
     nv = NR // 16
     name, second = (f"mkt{mr}", "ptr noalias %T, ") if table else (f"mk{mr}", "")
+    if a_table:
+        name, second = f"mka{mr}", "ptr noalias %T, "
     lines = [f"define internal void @{name}(ptr noalias %A, {second}ptr noalias %B, "
              "ptr noalias %C, i64 %ldc, i64 %kc, i64 %ncols) #0 {", "entry:",
              "  %ncs = insertelement <16 x i64> poison, i64 %ncols, i64 0",
@@ -148,7 +151,13 @@ def _tile_ir(mr: int, table: bool = False) -> str:
         for j in range(nv):
             lines += [f"  %pf{j} = getelementptr float, ptr %bp{j}, i64 {PREFETCH}",
                       f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 3, i32 1)"]
-    lines += [f"  %akoff = mul i64 %k, {MR}", "  %ak = getelementptr float, ptr %A, i64 %akoff"]
+    if a_table:
+        # A[i, k] at A + T[k] + i: mr consecutive positions of one input row, no packing
+        lines += ["  %atp = getelementptr i64, ptr %T, i64 %k", "  %akoff = load i64, ptr %atp",
+                  "  %ak = getelementptr float, ptr %A, i64 %akoff"]
+    else:
+        lines += [f"  %akoff = mul i64 %k, {MR}",
+                  "  %ak = getelementptr float, ptr %A, i64 %akoff"]
     for i in range(mr):
         lines += [f"  %aq{i} = getelementptr float, ptr %ak, i64 {i}",
                   f"  %as{i} = load float, ptr %aq{i}, align 4",
@@ -189,7 +198,8 @@ def _entry_ir(symbol: str, prefix: str, table: bool) -> str:
 
 def microkernel_ir() -> str:
     """The LLVM module: tiles mk1 ... mk12 behind the entry `eqsat_fuse_mk(mr, ...)` (B in
-    panels), and mkt1 ... mkt12 behind `eqsat_fuse_mkt(mr, ...)` (B by a row table)."""
+    panels), mkt1 ... mkt12 behind `eqsat_fuse_mkt(mr, ...)` (B by a row table), and mka1 ...
+    mka12 behind `eqsat_fuse_mka(mr, ...)` (A by a table of offsets, B in panels)."""
     parts = ["declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)",
              "declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)",
              "declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, "
@@ -197,8 +207,10 @@ def microkernel_ir() -> str:
              "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
     parts += [_tile_ir(mr) for mr in range(1, MR + 1)]
     parts += [_tile_ir(mr, table=True) for mr in range(1, MR + 1)]
+    parts += [_tile_ir(mr, a_table=True) for mr in range(1, MR + 1)]
     parts.append(_entry_ir(SYMBOL, "mk", False))
     parts.append(_entry_ir(SYMBOL_TABLE, "mkt", True))
+    parts.append(_entry_ir(SYMBOL_ATABLE, "mka", True))
     parts.append('attributes #0 = { nounwind "prefer-vector-width"="512" '
                  '"min-legal-vector-width"="512" }')
     return "\n\n".join(parts)
@@ -239,7 +251,7 @@ def ensure_compiled() -> None:
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
     engine.add_object_file(llvm.ObjectFileRef.from_data(code))
     engine.finalize_object()
-    for symbol in (SYMBOL, SYMBOL_TABLE):
+    for symbol in (SYMBOL, SYMBOL_TABLE, SYMBOL_ATABLE):
         llvm.add_symbol(symbol, engine.get_function_address(symbol))
     _ENGINE = engine            # keeps the machine code mapped
 
@@ -272,6 +284,13 @@ def _table_tile(typingctx, mr, a, t, b, c, ldc, kc, ncols):
     """The row-table microkernel on integer addresses of A, the table, B and C."""
     return (types.none(mr, a, t, b, c, ldc, kc, ncols),
             _call_codegen(SYMBOL_TABLE, {1, 2, 3, 4}))
+
+
+@intrinsic
+def _gather_tile(typingctx, mr, a, t, b, c, ldc, kc, ncols):
+    """The A-table microkernel (A[i, k] at a + t[k] + i, B a panel) on integer addresses."""
+    return (types.none(mr, a, t, b, c, ldc, kc, ncols),
+            _call_codegen(SYMBOL_ATABLE, {1, 2, 3, 4}))
 
 
 _OPTS = dict(cache=True, error_model="numpy")
@@ -376,46 +395,22 @@ def gemm_rows_parallel(ap, a_off, m, k, b, b_off, table, n, c, c_off, ldc):
 
 
 @njit(**_OPTS)
-def pack_positions(x, x_off, table, pos, p0, p1, k, out, o_off):
-    """Rows [p0, p1) of the im2col matrix A[p, kk] = x[x_off + table[kk] + pos[p]] into row
-    tiles from out[o_off] (`pack_a`'s layout; rows past p1 are not written, the microkernel
-    does not read them): the positions of a tile that are consecutive in x go as one masked
-    vector copy per kk (measured 1.3-1.6x a float at a time on 7 x 7 and 14 x 14 planes)."""
-    starts = np.empty(MR, np.int64)
-    firsts = np.empty(MR, np.int64)
-    lens = np.empty(MR, np.int64)
-    xa = x.ctypes.data + 4 * x_off
-    for t in range(-(-(p1 - p0) // MR)):
-        top = p0 + t * MR
-        nr = min(MR, p1 - top)
-        runs = 0
-        i = 0
-        while i < nr:
-            j = i + 1
-            while j < nr and pos[top + j] == pos[top + j - 1] + 1:
-                j += 1
-            starts[runs], firsts[runs], lens[runs] = pos[top + i], i, j - i
-            runs += 1
-            i = j
-        base = out.ctypes.data + 4 * (o_off + t * MR * k)
-        for kk in range(k):
-            src = xa + 4 * table[kk]
-            dst = base + 4 * kk * MR
-            for r in range(runs):
-                copy16(dst + 4 * firsts[r], src + 4 * starts[r], lens[r])
-
-
-@njit(**_OPTS)
-def gemm_panel(ap, a_off, m, k, bp, p, n, c, c_off, ldc):
-    """C[r, j] = sum_k A[r, k] B[k, p NR + j] for r < m, j < min(NR, n - p NR): A in row
-    tiles from ap[a_off] (`pack_positions`, `pack_a`), B packed by `pack` (n columns), C at
-    c[c_off + r * ldc + j]."""
+def gemm_gather(x, x_off, table, l0, l1, lw, stride, bp, p, n, k, c, c_off):
+    """C[(l - l0) lw + i, j] = sum_k A[l, i, k] B[k, p NR + j] for lines l in [l0, l1),
+    i < lw, j < min(NR, n - p NR), with A[l, i, k] = x[x_off + l stride + table[k] + i] (lw
+    consecutive positions of an output row; the im2col matrix is never built, nor packed: the
+    microkernel broadcasts A straight from the input planes) and B packed by `pack`; C at
+    c[c_off + row * NR + j]. Tiles of at most MR positions within a line."""
     pb = bp.ctypes.data + 4 * p * k * NR
-    pa = ap.ctypes.data + 4 * a_off
-    pc = c.ctypes.data + 4 * c_off
     nc = min(NR, n - p * NR)
-    for t in range(-(-m // MR)):
-        _tile(min(MR, m - t * MR), pa + 4 * t * MR * k, pb, pc + 4 * t * MR * ldc, ldc, k, nc)
+    xa = x.ctypes.data + 4 * x_off
+    pt = table.ctypes.data
+    pc = c.ctypes.data + 4 * c_off
+    for line in range(l0, l1):
+        row = (line - l0) * lw
+        for i0 in range(0, lw, MR):
+            _gather_tile(min(MR, lw - i0), xa + 4 * (line * stride + i0), pt, pb,
+                         pc + 4 * (row + i0) * NR, NR, k, nc)
 
 
 # what generated kernels call, through entry points (`calls.runtime_entry`)
@@ -426,9 +421,6 @@ gemm_parallel_entry = runtime_entry(gemm_parallel, "PG.gemm_parallel", _GEMM_ARG
 gemm_rows_entry = runtime_entry(gemm_rows, "PG.gemm_rows", _ROWS_ARGS)
 gemm_rows_parallel_entry = runtime_entry(gemm_rows_parallel, "PG.gemm_rows_parallel",
                                          _ROWS_ARGS)
-pack_positions_entry = runtime_entry(pack_positions, "PG.pack_positions",
-                                     [F32_ARRAY, I64, I64_ARRAY, I64_ARRAY, I64, I64, I64,
-                                      F32_ARRAY, I64])
-gemm_panel_entry = runtime_entry(gemm_panel, "PG.gemm_panel",
-                                 [F32_ARRAY, I64, I64, I64, F32_ARRAY3, I64, I64, F32_ARRAY, I64,
-                                  I64])
+gemm_gather_entry = runtime_entry(gemm_gather, "PG.gemm_gather",
+                                  [F32_ARRAY, I64, I64_ARRAY, I64, I64, I64, I64, F32_ARRAY3,
+                                   I64, I64, I64, F32_ARRAY, I64])

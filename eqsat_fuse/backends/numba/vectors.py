@@ -154,32 +154,6 @@ def transpose16(typingctx, dst, dld, src, sld, nr, nc):
     return sig, codegen
 
 
-@intrinsic
-def copy16(typingctx, dst, src, n):
-    """dst[i] = src[i] for i < n (n <= 16; float32, integer addresses): one masked vector load
-    and store, where a scalar loop moves a float at a time (`packed_gemm.pack_positions`'
-    runs of output positions)."""
-    sig = types.none(dst, src, n)
-
-    def codegen(context, builder, signature, args):
-        dst_a, src_a, n_v = [context.cast(builder, v, t, types.int64)
-                             for v, t in zip(args, signature.args)]
-        vptr = _V16.as_pointer()
-        mask_ty = ir.VectorType(ir.IntType(1), LANES)
-        load = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            _V16, [vptr, ir.IntType(32), mask_ty, _V16]), "llvm.masked.load.v16f32.p0")
-        store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            ir.VoidType(), [_V16, vptr, ir.IntType(32), mask_ty]), "llvm.masked.store.v16f32.p0")
-        lanes = _lanes_below(builder, n_v)
-        value = builder.call(load, [builder.inttoptr(src_a, vptr), ir.Constant(ir.IntType(32), 4),
-                                    lanes, ir.Constant(_V16, [0.0] * LANES)])
-        builder.call(store, [value, builder.inttoptr(dst_a, vptr), ir.Constant(ir.IntType(32), 4),
-                             lanes])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 def _tap_max(step: int):
     """The intrinsic `f(out, x, offs, taps, n)` on integer addresses: for lanes i < n (<= 16),
     out[i] = the max over t < taps of x[offs[t] + i * `step`] (offsets in floats; step 1 or 2,
@@ -251,4 +225,4 @@ tap_max1 = _tap_max(1)
 tap_max2 = _tap_max(2)
 
 
-__all__ = ["LANES", "copy16", "tap_max1", "tap_max2", "tap_sums1", "tap_sums4", "transpose16"]
+__all__ = ["LANES", "tap_max1", "tap_max2", "tap_sums1", "tap_sums4", "transpose16"]
