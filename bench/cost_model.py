@@ -1,14 +1,25 @@
-"""How well does the cost model rank kernels? Predicted vs measured time of every kernel.
+"""How well does the cost model predict the backend? Kernel ranks and the saving of fusion.
 
-    .venv/bin/python bench/cost_model.py [--target cpu] [--backend numpy] [--big] [MODEL.onnx ...]
+    .venv/bin/python bench/cost_model.py [--target cpu] [--backend numba] [--threads 1] [--big]
+                                         [--no-fusion-saving] [MODEL.onnx ...]
 
-Each model (default: tests/models/*.onnx; --big adds the ~1,500-node synthetic ResNet and BERT
-of bench/extract_models.py) is compiled for the target; the program runs once on random inputs,
-then every kernel (every step of the lowered program) is timed in isolation, median of repeats,
-on the buffers of that run. The rank correlation (Spearman) between the cost model's predicted
-microseconds and the measured ones is printed per model and over all kernels. Threads are left
-as the programs run them (as `eqsat-fuse calibrate` measures them). BENCH_VERBOSE=-v lists
-every kernel.
+Each model (default: the realistic exports in /work/bench-models if present, bench/README.md,
+else tests/models/*.onnx; --big adds the ~1,500-node synthetic ResNet and BERT of
+bench/extract_models.py) is compiled for the target on the backend (default: the one
+`ef.compile` uses) at `--threads` (default 1, as `eqsat-fuse calibrate` measures). Then:
+
+- every kernel (every step of the lowered program) is timed alone, median of repeats, on the
+  buffers of one run, under the program's thread settings; the rank correlation (Spearman)
+  between the cost model's predicted microseconds and the measured ones is printed per model
+  and over all kernels;
+- the model is compiled again with no rewriting (compare's strategy `none`: iterations 0); the
+  predicted saving of fusion, 1 - cost(fused) / cost(none), is printed beside two measured
+  ones, each with the ratio predicted / measured: over the kernels (the sums of the kernels'
+  times, each timed alone as above: what the cost model adds up) and over whole runs (both
+  programs timed in alternating blocks, medians: what a user sees, with the cache effects
+  between kernels that no per-kernel price has).
+
+BENCH_VERBOSE=-v lists every kernel.
 """
 
 from __future__ import annotations
@@ -18,16 +29,21 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np  # noqa: E402
-from scipy.stats import spearmanr  # noqa: E402
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-import eqsat_fuse as ef  # noqa: E402
 from _common import exit_on_help  # noqa: E402
-from eqsat_fuse.tools.calibrate import program_steps  # noqa: E402
+
+import numpy as np  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
+
+import eqsat_fuse as ef  # noqa: E402
 from eqsat_fuse.checking.verify import random_feeds  # noqa: E402
+from eqsat_fuse.saturation.saturate import Budgets  # noqa: E402
+from eqsat_fuse.threads import governed  # noqa: E402
+from eqsat_fuse.tools.calibrate import program_steps  # noqa: E402
+
+REAL = Path("/work/bench-models")
 
 
 def median_us(fn, repeat: int = 15, min_seconds: float = 0.02) -> float:
@@ -55,14 +71,31 @@ def kernel_times(compiled) -> list[tuple[str, str, float, float]]:
         raise RuntimeError(f"{report.model}: {len(steps)} steps for {len(stepped)} kernels")
     predicted = {k.name: k.predicted_us for k in report.kernels}
     rows = []
-    for kernel, step in zip(stepped, steps):
-        rows.append((kernel.name, "+".join(kernel.ops), predicted[kernel.name],
-                     median_us(lambda: step(env))))
+    with governed(program.threads, program.blas_threads, program.numba_threads):
+        for kernel, step in zip(stepped, steps):
+            rows.append((kernel.name, "+".join(kernel.ops), predicted[kernel.name],
+                         median_us(lambda: step(env))))
     return rows
 
 
+def program_ms(compiled_programs: list, feeds: dict, seconds: float = 4.0) -> list[float]:
+    """Median ms of each compiled program's whole run, timed in alternating blocks of 5 after
+    a pause (the first run of a block not counted), for about `seconds` in all."""
+    times: list[list[float]] = [[] for _ in compiled_programs]
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds or len(times[0]) < 10:
+        for compiled, bucket in zip(compiled_programs, times):
+            time.sleep(0.05)
+            compiled.run(feeds)
+            for _ in range(5):
+                t = time.perf_counter()
+                compiled.run(feeds)
+                bucket.append((time.perf_counter() - t) * 1e3)
+    return [float(np.median(bucket)) for bucket in times]
+
+
 def main(argv: list[str]) -> int:
-    target, backend, big = "cpu", "numpy", False
+    target, backend, threads, big, saving = "cpu", None, 1, False, True
     paths: list = []
     args = list(argv)
     while args:
@@ -71,36 +104,67 @@ def main(argv: list[str]) -> int:
             target = args.pop(0)
         elif arg == "--backend":
             backend = args.pop(0)
+        elif arg == "--threads":
+            threads = int(args.pop(0))
         elif arg == "--big":
             big = True
+        elif arg == "--no-fusion-saving":
+            saving = False
         else:
             paths.append(Path(arg))
     if not paths:
-        paths = sorted((ROOT / "tests" / "models").glob("*.onnx"))
+        paths = sorted(REAL.glob("*.onnx")) if REAL.is_dir() else []
+        paths = paths or sorted((ROOT / "tests" / "models").glob("*.onnx"))
     models = [(p.stem, str(p)) for p in paths]
     if big:
         from extract_models import MODELS
         models += [(name, build()) for name, build in MODELS.items()]
 
-    print(f"target {target}, backend {backend}; kernel times: median of repeats, microseconds")
-    print(f"{'model':28s} {'kernels':>7s} {'spearman':>8s} {'pred sum':>9s} {'meas sum':>9s}")
+    print(f"target {target}, backend {backend or 'default'}, {threads} thread(s); kernel times: "
+          f"median of repeats, us; programs: median of blocks, ms", flush=True)
+    print(f"{'model':24s} {'kernels':>7s} {'spearman':>8s} {'pred ms':>8s} {'meas ms':>8s}"
+          + (f" | none: {'pred ms':>8s} {'meas ms':>8s} | saving: {'pred':>6s}"
+             f" {'kernels':>7s} {'ratio':>5s} {'runs':>6s} {'ratio':>5s}"
+             f" | run ms: {'fused':>7s} {'none':>7s}" if saving else ""))
     everything = []
     for name, model in models:
-        compiled = ef.compile(model, target=target, backend=backend)
+        compiled = ef.compile(model, target=target, backend=backend, threads=threads)
         rows = kernel_times(compiled)
         everything += rows
         pred = [r[2] for r in rows]
         meas = [r[3] for r in rows]
         rho = spearmanr(pred, meas).statistic if len(rows) > 2 else float("nan")
-        print(f"{name:28s} {len(rows):7d} {rho:8.3f} {sum(pred):9.1f} {sum(meas):9.1f}",
-              flush=True)
+        line = (f"{name:24s} {len(rows):7d} {rho:8.3f} {sum(pred) / 1e3:8.2f}"
+                f" {sum(meas) / 1e3:8.2f}")
+        if saving:
+            unfused = ef.compile(model, target=target, backend=backend, threads=threads,
+                                 budgets=Budgets(iterations=0))
+            none_rows = kernel_times(unfused)
+            feeds = random_feeds(compiled.plan.inputs, 0)
+            fused_ms, none_ms = program_ms([compiled, unfused], feeds)
+            none_pred, none_meas = sum(r[2] for r in none_rows), sum(r[3] for r in none_rows)
+            predicted = 1 - sum(pred) / none_pred
+            by_kernels = 1 - sum(meas) / none_meas
+            by_runs = 1 - fused_ms / none_ms
+
+            def ratio(measured: float) -> float:
+                return predicted / measured if measured > 0 else float("nan")
+
+            line += (f" | none: {none_pred / 1e3:8.2f} {none_meas / 1e3:8.2f} | saving: "
+                     f"{predicted:6.1%} {by_kernels:7.1%} {ratio(by_kernels):5.2f}"
+                     f" {by_runs:6.1%} {ratio(by_runs):5.2f} | run ms: {fused_ms:7.2f}"
+                     f" {none_ms:7.2f}")
+            del unfused
+        print(line, flush=True)
+        if "-v" in os.environ.get("BENCH_VERBOSE", ""):
+            for row in sorted(rows, key=lambda r: r[3]):
+                print(f"  {row[0]:>6s} {row[1][:50]:50s} pred {row[2]:9.2f} meas {row[3]:9.2f}")
+        del compiled
     pred = [r[2] for r in everything]
     meas = [r[3] for r in everything]
     rho = spearmanr(pred, meas).statistic
-    print(f"{'all kernels':28s} {len(everything):7d} {rho:8.3f} {sum(pred):9.1f} {sum(meas):9.1f}")
-    if "-v" in os.environ.get("BENCH_VERBOSE", ""):
-        for row in sorted(everything, key=lambda r: r[3]):
-            print(f"  {row[0]:>6s} {row[1][:50]:50s} pred {row[2]:9.2f} meas {row[3]:9.2f}")
+    print(f"{'all kernels':24s} {len(everything):7d} {rho:8.3f} {sum(pred) / 1e3:8.2f}"
+          f" {sum(meas) / 1e3:8.2f}")
     return 0
 
 

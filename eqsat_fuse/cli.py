@@ -244,7 +244,8 @@ def _explain_fusions(compiled) -> str:
 def cmd_calibrate(args) -> int:
     from .tools.calibrate import main as calibrate_main
 
-    return calibrate_main(args.output, args.force, quick=args.quick, base=args.base)
+    return calibrate_main(args.output, args.force, quick=args.quick, base=args.base,
+                          backend=args.backend)
 
 
 def cmd_run(args) -> int:
@@ -507,10 +508,12 @@ def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
         "calibrate", help="measure this machine and write a CPU cost file",
         description="Run micro-benchmarks (memory bandwidth, on-chip size and bandwidth, "
                     "elementwise/MatMul/convolution/reduction rates, the fixed cost of each "
-                    "operation and the per-kernel overhead of the NumPy backend) on one machine "
-                    "and write its cost file, to use as --target FILE (docs/cost-models.md). "
-                    "Progress goes to stderr; an existing file is replaced only with --force. "
-                    "About fifteen seconds; calibrate on a quiet machine.")
+                    "operation and the per-kernel overhead of a backend) on one machine, one "
+                    "thread, and write its cost file, to use as --target FILE "
+                    "(docs/cost-models.md). Progress goes to stderr; an existing file is "
+                    "replaced only with --force. The NumPy backend takes about fifteen seconds, "
+                    "the Numba backend about a minute the first time (its kernels are compiled "
+                    "and cached) and half that after; calibrate on a quiet machine.")
     calibrate.add_argument("-o", "--output", default="cpu.toml", metavar="FILE",
                            help="where to write the cost file (default: ./cpu.toml)")
     calibrate.add_argument("--force", action="store_true", help="replace FILE if it exists")
@@ -519,6 +522,9 @@ def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
                                 "shipped cpu.toml)")
     calibrate.add_argument("--quick", action="store_true",
                            help="fewer repeats and smaller arrays (a smoke test, not a figure)")
+    calibrate.add_argument("--backend", choices=list(BACKENDS), default=None,
+                           help="the backend whose prices to measure (default: the one "
+                                "compiles use, numba unless EQSAT_FUSE_BACKEND says otherwise)")
     calibrate.set_defaults(func=cmd_calibrate)
 
 

@@ -12,11 +12,13 @@ import pytest
 
 import eqsat_fuse as ef
 from eqsat_fuse.cli import main
+from eqsat_fuse.errors import CostModelError
 from eqsat_fuse.extraction.costmodel import load_cost_model
 
 from conftest import MODELS_DIR
 
 RESNET = str(MODELS_DIR / "resnet_tiny_op17.onnx")
+ROOT = MODELS_DIR.parent.parent
 
 
 def test_calibrate_writes_a_cost_file_and_never_overwrites_without_force(tmp_path):
@@ -38,6 +40,32 @@ def test_calibrate_writes_a_cost_file_and_never_overwrites_without_force(tmp_pat
     assert "already exists; pass --force" in proc.stderr
     assert out.read_text() == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temp left
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_calibrate_measures_the_backend_it_is_asked_for(tmp_path, backend):
+    out = tmp_path / f"{backend}.toml"
+    proc = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "calibrate", "--quick",
+                           "--backend", backend, "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert f'backend = "{backend}"' in text
+    assert f"Prices are those of the {'NumPy' if backend == 'numpy' else 'Numba'} backend" in text
+    model = load_cost_model(out)
+    assert model.launch_us > 0 and all(r > 0 for r in model.rates_gflops.values())
+    # the file prices what it measured: a model compiled for it runs and matches onnxruntime
+    compiled = ef.compile(RESNET, target=str(out), backend=backend)
+    assert compiled.report.target == model.target and compiled.verify().ok
+
+
+def test_a_cost_file_names_a_known_backend_or_none(tmp_path):
+    shipped = (ROOT / "extract" / "cpu.toml").read_text()
+    assert load_cost_model("cpu").backend == "numpy"     # what it was calibrated on
+    bad = tmp_path / "bad.toml"
+    bad.write_text(shipped.replace('backend = "numpy"', 'backend = "fortran"'))
+    with pytest.raises(CostModelError, match=r"bad\.toml:\d+: target\.backend .*numpy, numba"):
+        load_cost_model(bad)
 
 
 def test_optimize_with_ilp_energy_and_edge_npu_reports_both_predictions(capsys):

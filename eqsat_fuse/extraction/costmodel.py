@@ -30,6 +30,8 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
         "name": (str, True, "the target's name"),
         "description": (str, False, "one line on what hardware this describes"),
         "rules": (list, False, "rule files only this target loads, relative to this file"),
+        "backend": (str, False, "the backend whose prices these are (numpy, numba), where "
+                                "they were measured"),
     },
     "kernel": {
         "launch_us": (float, True, "fixed cost of starting one kernel, microseconds"),
@@ -85,6 +87,7 @@ OPTIONAL_TABLES = frozenset({"energy"})
 OBJECTIVES = ("latency", "energy")
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 RATE_CLASSES = ("elementwise", "matmul", "conv", "reduction")
+BACKENDS_PRICED = ("numpy", "numba")         # what target.backend may say
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class CostModel:
     op_us_by_class: dict[str, float] | None = None   # None: op_us for every class
     conv_group_us: float = 0.0
     rule_files: tuple[str, ...] = ()         # [target] rules: files only this target loads
+    backend: str | None = None               # [target] backend: whose prices these are
 
     # ---- prices ----
     def bytes_us(self, nbytes: float) -> float:
@@ -385,7 +389,16 @@ def _validate(data: dict[str, Any], path: str, lines: dict[str, int] | None = No
         epilogue=optional_set("epilogue"), epilogue_anchors=optional_set("epilogue_anchors"),
         energy=energy, op_us_by_class=op_us_by_class or None,
         conv_group_us=compute.get("conv_group_us", 0.0),
-        rule_files=_target_rules(values["target"].get("rules", []), path, at("target.rules")))
+        rule_files=_target_rules(values["target"].get("rules", []), path, at("target.rules")),
+        backend=_backend(values["target"].get("backend"), at("target.backend")))
+
+
+def _backend(backend: str | None, where: str) -> str | None:
+    """[target] backend, one of `BACKENDS_PRICED` when it is given."""
+    if backend is not None and backend not in BACKENDS_PRICED:
+        raise CostModelError(f"{where}: target.backend must be one of "
+                             f"{', '.join(BACKENDS_PRICED)}, not {backend!r}")
+    return backend
 
 
 def _target_rules(names: list[str], path: str, where: str) -> tuple[str, ...]:

@@ -15,6 +15,10 @@ Micro-benchmarks, one thread, each the median (or best) of repeats:
 
 What cannot be measured here (FLOPs per element of each op, the fusion rules, the energy
 figures) is copied from a base cost file, the shipped `cpu.toml` by default.
+
+That is the NumPy backend's calibration (`Calibration`). `--backend numba` runs the same steps
+through the Numba backend (`NumbaCalibration`, at the end of this file): each op a compiled
+one-node program, at the sizes deployed models run.
 """
 
 from __future__ import annotations
@@ -64,7 +68,16 @@ def _copy_bandwidth(nbytes: int, repeat: int) -> float:
 
 
 class Calibration:
-    """The measured figures, filled by `run`."""
+    """The measured figures, filled by `run`: the NumPy backend's prices. `seconds` times one
+    operation and `fixed` says what of that time is not its work; `NumbaCalibration`
+    replaces the two and the fixed-cost steps."""
+
+    backend = "numpy"
+    # MatMul (m, k, n) and 3x3 convolution (channels, size) whose rates are measured
+    MATMUL_SIZES = ((64, 256, 256), (128, 512, 512))
+    CONV_SIZES = ((16, 16), (32, 16))
+    DEPTHWISE_CASES = ((64, 8, 1),)          # (channels, size, stride)
+    ELEMENTWISE_SIZE = 1 << 14               # elements of the array elementwise ops run over
 
     def __init__(self, quick: bool = False, progress: Callable[[str], None] | None = None):
         self.quick = quick
@@ -74,15 +87,37 @@ class Calibration:
         self.notes: dict[str, str] = {}
         self.flops: dict[str, float] = {}        # measured flops_per_element
 
+    def steps(self) -> list[tuple[str, Callable[[], None]]]:
+        return [("memory bandwidth", self.memory), ("operation overheads", self.overheads),
+                ("elementwise rate", self.elementwise), ("MatMul rate", self.matmul),
+                ("convolution rate", self.conv), ("reduction rates", self.reduction_table),
+                ("launch overhead", self.launch)]
+
     def run(self) -> dict[str, float]:
-        steps = [("memory bandwidth", self.memory), ("operation overheads", self.overheads),
-                 ("elementwise rate", self.elementwise), ("MatMul rate", self.matmul),
-                 ("convolution rate", self.conv), ("reduction rates", self.reduction_table),
-                 ("launch overhead", self.launch)]
+        steps = self.steps()
         for number, (name, step) in enumerate(steps, 1):
             self.progress(f"[calibrate] {number}/{len(steps)} {name}...")
             step()
         return self.values
+
+    def seconds(self, op: str, args: list, attrs: dict, number: int,
+                constants: tuple[int, ...] = ()) -> float:
+        """Seconds of one `op` over `args` (`constants`: the indices of the arguments that are
+        weights of the model, not inputs; the NumPy backend makes no difference)."""
+        return _time(lambda: evaluate(op, args, attrs), self.repeat, number)
+
+    def fixed(self, rate_class: str) -> float:
+        """Microseconds of a `seconds` figure that are not the operation's work."""
+        return self.values[f"{rate_class}_op_us"]
+
+    def sizes(self) -> dict[str, str]:
+        """What the rates were measured on, for the cost file's comments."""
+        def listed(sizes, form):
+            return ", ".join(form.format(*size) for size in sizes)
+        return {"matmul_gflops": "MatMul " + listed(self.MATMUL_SIZES, "{}x{}x{}"),
+                "conv_gflops": "3x3 convolutions " + listed(self.CONV_SIZES, "{0} ch {1}x{1}"),
+                "conv_group_us": "depthwise 3x3 " + listed(self.DEPTHWISE_CASES,
+                                                           "{0} ch {1}x{1} stride {2}")}
 
     # ---- memory ----
     def memory(self) -> None:
@@ -111,14 +146,15 @@ class Calibration:
         rows = rng.standard_normal((4, 8)).astype(np.float32)
         conv_attrs = dict(pads=(0, 0, 0, 0), strides=(1, 1), dilations=(1, 1), group=1)
         number = 50 if self.quick else 400
-        self.values["elementwise_op_us"] = 1e6 * _time(
-            lambda: evaluate("Add", [a, a], {}), self.repeat, number)
-        self.values["matmul_op_us"] = 1e6 * _time(
-            lambda: evaluate("MatMul", [m, m], {}), self.repeat, number)
-        self.values["conv_op_us"] = 1e6 * _time(
-            lambda: evaluate("Conv", [x, w, None], conv_attrs), self.repeat, number // 4)
-        self.values["reduction_op_us"] = 1e6 * _time(
-            lambda: evaluate("Softmax", [rows], {"axis": -1}), self.repeat, number)
+        cases = {"elementwise": ("Add", [a, a], {}, (), number),
+                 "matmul": ("MatMul", [m, m], {}, (1,), number),
+                 "conv": ("Conv", [x, w, None], conv_attrs, (1,), number // 4),
+                 "reduction": ("Softmax", [rows], {"axis": -1}, (), number)}
+        for rate_class, (op, args, attrs, constants, times) in cases.items():
+            self.values[f"{rate_class}_op_us"] = 0.0        # `fixed` before this one is known
+            self.values[f"{rate_class}_op_us"] = max(
+                0.0, 1e6 * self.seconds(op, args, attrs, times, constants)
+                - self.fixed(rate_class))
 
     # ---- rates: time = fixed + flops / rate + bytes / bandwidth ----
     def _rate(self, seconds: float, fixed_us: float, flops: float, nbytes: float) -> float:
@@ -130,30 +166,37 @@ class Calibration:
     def elementwise(self) -> None:
         """The rate of Add (1 FLOP per element) and every other elementwise op's cost per
         element relative to it (its `flops_per_element`), on an in-cache array."""
-        n = 1 << 12 if self.quick else 1 << 14
+        n = self.ELEMENTWISE_SIZE >> (2 if self.quick else 0)
         rng = np.random.default_rng(0)
         x = rng.standard_normal(n).astype(np.float32)
         pos = np.abs(x) + np.float32(0.5)
         bandwidth = self.values.get("onchip_bandwidth_gbs", self.values["bandwidth_gbs"])
-        fixed = self.values["elementwise_op_us"]
+        fixed = self.fixed("elementwise")
 
-        def per_element_us(op: str, args: list, attrs: dict) -> float:
-            seconds = _time(lambda: evaluate(op, args, attrs), self.repeat, 10)
+        def per_element_us(op: str, args: list, attrs: dict, constants=()) -> float:
+            seconds = self.seconds(op, args, attrs, 10, constants)
             moved = 4.0 * (len(args) + 1) / (bandwidth * 1e3)        # us per element
             return max((seconds * 1e6 - fixed) / n - moved, 0.05 * seconds * 1e6 / n)
 
         unit = per_element_us("Add", [x, x], {})
         self.values["elementwise_gflops"] = 1e-3 / unit
         bn = [np.ones(1, np.float32)] * 4
-        cases = {
-            "Sigmoid": ([x], {}), "Tanh": ([x], {}), "Erf": ([x], {}),
-            "Gelu": ([x], {"approximate": "none"}), "Exp": ([x], {}), "Log": ([pos], {}),
-            "Sqrt": ([pos], {}), "Pow": ([pos, pos], {}), "Div": ([x, pos], {}),
-            "Reciprocal": ([pos], {}), "HardSigmoid": ([x], {"alpha": 0.2, "beta": 0.5}),
-            "HardSwish": ([x], {}), "LeakyRelu": ([x], {"alpha": 0.1}),
-            "Clip": ([x, np.float32(0), np.float32(6)], {}), "Where": ([x > 0, x, pos], {}),
-            "Cast": ([x], {"to": "float16"}),
-            "BatchNormalization": ([x.reshape(1, 1, n), *bn], {"epsilon": 1e-5}),
+        cases = {      # op: (arguments, attributes, the arguments that are model weights)
+            "Sigmoid": ([x], {}, ()), "Tanh": ([x], {}, ()), "Erf": ([x], {}, ()),
+            # Gelu at its tanh form: one price serves both forms, and at the erf form's the
+            # tanh Gelu would cost more than its own 8-op chain, which extraction then keeps
+            # (GPT-2); the erf form's chain (Erf and 4 ops) costs more than either
+            "Gelu": ([x], {"approximate": "tanh"}, ()), "Exp": ([x], {}, ()),
+            "Log": ([pos], {}, ()), "Sqrt": ([pos], {}, ()),
+            # Pow by a constant 3, as models raise (GELU's x^3; x^2 of norms is as cheap): the
+            # Numba backend writes small constant exponents as products, a general one is 10x
+            "Pow": ([pos, np.float32(3.0)], {}, (1,)),
+            "Div": ([x, pos], {}, ()), "Reciprocal": ([pos], {}, ()),
+            "HardSigmoid": ([x], {"alpha": 0.2, "beta": 0.5}, ()), "HardSwish": ([x], {}, ()),
+            "LeakyRelu": ([x], {"alpha": 0.1}, ()),
+            "Clip": ([x, np.float32(0), np.float32(6)], {}, (1, 2)),
+            "Where": ([x > 0, x, pos], {}, ()), "Cast": ([x], {"to": "float16"}, ()),
+            "BatchNormalization": ([x.reshape(1, 1, n), *bn], {"epsilon": 1e-5}, (1, 2, 3, 4)),
         }
         # every other elementwise op of the operator table but those about as cheap as an Add:
         # its inputs inside its domain, its attributes at their ONNX defaults
@@ -161,19 +204,24 @@ class Calibration:
             if spec.kind == "elementwise" and spec.reference is not None \
                     and op not in cases and op not in _ABOUT_ONE_ADD:
                 cases[op] = ([x if spec.domain == "any" else pos] * len(spec.inputs),
-                             dict(spec.defaults))
-        self.flops = {op: max(1.0, per_element_us(op, args, attrs) / unit)
-                      for op, (args, attrs) in cases.items()}
+                             dict(spec.defaults), ())
+        self.flops = {op: max(1.0, per_element_us(op, *case) / unit)
+                      for op, case in self.elementwise_cases(cases).items()}
+
+    def elementwise_cases(self, cases: dict) -> dict:
+        """The elementwise ops whose cost per element is measured (all of them)."""
+        return cases
 
     def reduction_table(self) -> None:
         """The rate of ReduceSum (1 FLOP per input element) and the others relative to it."""
         rows = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
         gamma = np.ones(256, np.float32)
-        fixed = self.values["reduction_op_us"]
+        fixed = self.fixed("reduction")
         bandwidth = self.values.get("onchip_bandwidth_gbs", self.values["bandwidth_gbs"])
 
         def per_element_us(op: str, args: list, attrs: dict) -> float:
-            seconds = _time(lambda: evaluate(op, args, attrs), self.repeat, 10)
+            constants = (1, 2) if op == "LayerNormalization" else ()
+            seconds = self.seconds(op, args, attrs, 10, constants)
             moved = 8.0 / (bandwidth * 1e3)
             return max((seconds * 1e6 - fixed) / rows.size - moved,
                        0.05 * seconds * 1e6 / rows.size)
@@ -188,36 +236,48 @@ class Calibration:
 
     def matmul(self) -> None:
         rates = []
-        for m, k, n in ((64, 256, 256), (128, 512, 512)):
+        for m, k, n in self.MATMUL_SIZES:
             a = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32)
             b = np.random.default_rng(1).standard_normal((k, n)).astype(np.float32)
-            seconds = _time(lambda: evaluate("MatMul", [a, b], {}), self.repeat, 5)
-            rates.append(self._rate(seconds, self.values["matmul_op_us"], 2.0 * m * k * n,
+            seconds = self.seconds("MatMul", [a, b], {}, 5, (1,))
+            rates.append(self._rate(seconds, self.fixed("matmul"), 2.0 * m * k * n,
                                     4.0 * (m * k + k * n + m * n)))
         self.values["matmul_gflops"] = float(np.median(rates))
 
     def conv(self) -> None:
         rng = np.random.default_rng(0)
         rates = []
-        for channels, size in ((16, 16), (32, 16)):
+        for channels, size in self.CONV_SIZES:
             x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
             w = rng.standard_normal((channels, channels, 3, 3)).astype(np.float32)
             attrs = dict(pads=(1, 1, 1, 1), strides=(1, 1), dilations=(1, 1), group=1)
-            seconds = _time(lambda: evaluate("Conv", [x, w, None], attrs), self.repeat, 2)
+            seconds = self.seconds("Conv", [x, w, None], attrs, 2, (1,))
             flops = 2.0 * channels * size * size * channels * 9
-            rates.append(self._rate(seconds, self.values["conv_op_us"], flops,
+            rates.append(self._rate(seconds, self.fixed("conv"), flops,
                                     4.0 * (2 * x.size + w.size)))
         self.values["conv_gflops"] = float(np.median(rates))
-        # depthwise: the same convolution in `channels` groups
-        channels, size = 64, 8
-        x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
-        w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
-        attrs = dict(pads=(1, 1, 1, 1), strides=(1, 1), dilations=(1, 1), group=channels)
-        seconds = _time(lambda: evaluate("Conv", [x, w, None], attrs), self.repeat, 2)
-        flops = 2.0 * channels * size * size * 9
-        rest = (self.values["conv_op_us"] + flops / (self.values["conv_gflops"] * 1e3)
-                + 4.0 * (2 * x.size + w.size) / (self.values["bandwidth_gbs"] * 1e3))
-        self.values["conv_group_us"] = max(0.0, (seconds * 1e6 - rest) / (channels - 1))
+        # depthwise: a 3x3 convolution with a group per channel; the time beyond what a dense
+        # convolution of its FLOPs and bytes would take (priced as the cost model prices them),
+        # per group, the median over the cases
+        extra = []
+        for channels, size, stride in self.DEPTHWISE_CASES:
+            x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
+            w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
+            attrs = dict(pads=(1, 1, 1, 1), strides=(stride, stride), dilations=(1, 1),
+                         group=channels)
+            seconds = self.seconds("Conv", [x, w, None], attrs, 2, (1,))
+            out = channels * math.ceil(size / stride) ** 2
+            rest = (self.fixed("conv") + 18.0 * out / (self.values["conv_gflops"] * 1e3)
+                    + self._bytes_us(4.0 * (x.size + out + w.size)))
+            extra.append((seconds * 1e6 - rest) / (channels - 1))
+        self.values["conv_group_us"] = max(0.0, float(np.median(extra)))
+
+    def _bytes_us(self, nbytes: float) -> float:
+        """Microseconds the cost model charges a kernel that moves `nbytes`."""
+        onchip = self.values.get("onchip_bytes", 0.0)
+        if nbytes <= onchip:
+            return nbytes / (self.values["onchip_bandwidth_gbs"] * 1e3)
+        return nbytes / (self.values["bandwidth_gbs"] * 1e3)
 
     # ---- per-kernel overhead of the backends ----
     def launch(self) -> None:
@@ -289,14 +349,27 @@ def target_name(output: str | Path | None) -> str:
     return f"{stem}@{host}"
 
 
+_PRICES = {
+    "numpy": ["# Prices are those of the NumPy backend: each operation of a kernel body is a "
+              "NumPy call", "# with a fixed cost, and a kernel adds the backend's per-step "
+              "overhead."],
+    "numba": ["# Prices are those of the Numba backend: a kernel is one compiled loop nest, so an",
+              "# operation fused into it has no call of its own; a kernel's step costs launch_us."],
+}
+
+
 def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
-           flops: dict[str, float] | None = None, name: str | None = None) -> str:
+           flops: dict[str, float] | None = None, name: str | None = None,
+           backend: str = "numpy", sizes: dict[str, str] | None = None) -> str:
     """The cost file text: measured keys from `values`, the rest copied from the base file;
-    `name` is its [target] name (default `target_name(None)`)."""
+    `name` is its [target] name (default `target_name(None)`), `backend` the backend measured
+    and `sizes` what each rate was measured on (by key)."""
     import tomllib
 
     base = tomllib.loads(base_path.read_text())
     flops = flops or {}
+    sizes = {"matmul_gflops": "sgemm", "conv_gflops": "3x3 convolutions",
+             "conv_group_us": "depthwise 3x3", **(sizes or {})}
     v = {k: round(x, 4) if x < 100 else round(x, 1) for k, x in values.items()}
     description = (f"{platform.node() or 'this machine'} ({platform.machine()}), measured by "
                    f"eqsat-fuse calibrate on {date.today().isoformat()}, one thread per kernel")
@@ -305,13 +378,14 @@ def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
         f"{date.today().isoformat()}",
         f"# ({platform.machine()}, {platform.processor() or platform.system()}, "
         f"Python {platform.python_version()}, NumPy {np.__version__}; one thread).",
-        "# Prices are those of the NumPy backend: each operation of a kernel body is a NumPy call",
-        "# with a fixed cost, and a kernel adds the backend's per-step overhead. Keys not",
-        f"# measured here are copied from {base_path.name}. Every key: docs/cost-models.md.",
+        *_PRICES[backend],
+        f"# Keys not measured here are copied from {base_path.name}. Every key: "
+        "docs/cost-models.md.",
         "",
         "[target]",
         f"name = {_toml_value(name or target_name(None))}",
         f"description = {_toml_value(description)}",
+        f"backend = {_toml_value(backend)}",
         "",
         "[kernel]",
         f"launch_us = {v['launch_us']}              # {notes.get('launch_us', '')}",
@@ -334,14 +408,16 @@ def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
         "",
         "[compute]",
         f"elementwise_gflops = {v['elementwise_gflops']}     # Add over an in-cache array",
-        f"matmul_gflops = {v['matmul_gflops']}          # sgemm (64x256x256, 128x512x512)",
-        f"conv_gflops = {v['conv_gflops']}            # 3x3 convolutions, 16 and 32 channels",
+        f"matmul_gflops = {v['matmul_gflops']}          # {sizes['matmul_gflops']}",
+        f"conv_gflops = {v['conv_gflops']}            # {sizes['conv_gflops']}",
         f"reduction_gflops = {v['reduction_gflops']}       # ReduceSum over rows of 256",
-        f"elementwise_op_us = {v['elementwise_op_us']}      # one NumPy call on a tiny tensor",
+        f"elementwise_op_us = {v['elementwise_op_us']}      # "
+        f"{notes.get('elementwise_op_us', 'one Add on a tiny tensor')}",
         f"matmul_op_us = {v['matmul_op_us']}",
         f"conv_op_us = {v['conv_op_us']}",
         f"reduction_op_us = {v['reduction_op_us']}",
-        f"conv_group_us = {v['conv_group_us']}          # each group of a depthwise convolution",
+        f"conv_group_us = {v['conv_group_us']}          # each group of a depthwise convolution"
+        f" ({sizes['conv_group_us']})",
         "",
         "# the cost of one element of each op, in Adds (reductions: in ReduceSums), measured",
         "[flops_per_element]",
@@ -390,17 +466,22 @@ def _toml_value(value) -> str:
 
 def calibrate(quick: bool = False, base: str | Path | None = None,
               progress: Callable[[str], None] | None = None,
-              output: str | Path | None = None) -> str:
-    """Run the micro-benchmarks and return the text of a cost file (checked by loading it),
-    named after `output` (the file it is for) and this machine (`target_name`)."""
+              output: str | Path | None = None, backend: str | None = None) -> str:
+    """Run the micro-benchmarks of `backend` (default: the one `ef.compile` uses) and return
+    the text of a cost file (checked by loading it), named after `output` (the file it is for)
+    and this machine (`target_name`)."""
+    from ..backends import resolve_backend
     from ..resources import cost_model_file
 
     base_path = Path(base) if base else cost_model_file("cpu")
     if not base_path.is_file():
         raise EqsatFuseError(f"{base_path}: no such cost-model file")
-    calibration = Calibration(quick, progress)
+    backend = resolve_backend(backend)
+    kind = NumbaCalibration if backend == "numba" else Calibration
+    calibration = kind(quick, progress)
     values = calibration.run()
-    text = render(values, calibration.notes, base_path, calibration.flops, target_name(output))
+    text = render(values, calibration.notes, base_path, calibration.flops, target_name(output),
+                  backend, calibration.sizes())
     _check(text)
     return text
 
@@ -416,7 +497,8 @@ def _check(text: str) -> None:
         Path(handle.name).unlink(missing_ok=True)
 
 
-def main(output: str, force: bool, quick: bool = False, base: str | None = None) -> int:
+def main(output: str, force: bool, quick: bool = False, base: str | None = None,
+         backend: str | None = None) -> int:
     """The CLI command: measure, then write `output` atomically (only with --force over a file)."""
     from ..files import write_atomically
 
@@ -427,7 +509,155 @@ def main(output: str, force: bool, quick: bool = False, base: str | None = None)
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    text = calibrate(quick, base, progress, output=path)
+    text = calibrate(quick, base, progress, output=path, backend=backend)
     write_atomically(path, lambda handle: handle.write(text.encode()), force=force)
     print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+# ---- the Numba backend ----------------------------------------------------------------------
+#
+# The same micro-benchmarks as the NumPy backend's (`Calibration`), each run the way a model
+# runs: the operation is a one-node ONNX model (weights as initializers, so that MatMul and
+# Conv get their packed panels), compiled by the Numba backend for one thread, and its program's
+# steps are timed under the program's own thread settings. What that changes:
+#
+# - `launch_us` is a whole kernel's step on a tiny tensor (the Python step, the call into the
+#   compiled kernel and its loop set-up); a fused body has no per-operation call, so
+#   `elementwise_op_us` is what a second op fused into a one-op kernel adds, about zero;
+# - the fixed cost of a MatMul, convolution or softmax is its tiny kernel less `launch_us`;
+# - rates come from sizes that deployed models run (MatMuls of transformer layers, ResNet-like
+#   3x3 convolutions, a MobileNet-like depthwise one), since the backend takes other paths for
+#   tiny ones.
+#
+# Every kernel is compiled once; the kernel cache keeps the machine code for the next
+# calibration, so the first one on a machine takes about a minute and later ones seconds.
+
+
+class NumbaCalibration(Calibration):
+    """The Numba backend's figures: `seconds` runs a compiled one-node program."""
+
+    backend = "numba"
+    MATMUL_SIZES = ((128, 768, 768), (128, 768, 3072), (196, 512, 512))
+    CONV_SIZES = ((64, 56), (128, 28), (256, 14))
+    DEPTHWISE_CASES = ((144, 56, 1), (96, 112, 2), (384, 14, 1))
+    # 1 MiB a tensor: on chip, the regime of onchip_bandwidth_gbs, so that what an op costs
+    # beyond its bytes is the arithmetic its loop cannot hide behind them
+    ELEMENTWISE_SIZE = 1 << 18
+    # elementwise ops timed in --quick (the others keep the base file's figures)
+    QUICK_OPS = ("Sigmoid", "Exp", "Erf")
+
+    def __init__(self, quick: bool = False, progress=None):
+        super().__init__(quick, progress)
+        if quick:
+            self.CONV_SIZES = ((32, 28),)
+            self.MATMUL_SIZES = ((64, 256, 256),)
+            self.DEPTHWISE_CASES = ((32, 28, 1),)
+
+    def steps(self):
+        return [("memory bandwidth", self.memory), ("launch overhead", self.launch),
+                ("operation overheads", self.overheads), ("elementwise rate", self.elementwise),
+                ("MatMul rate", self.matmul), ("convolution rate", self.conv),
+                ("reduction rates", self.reduction_table)]
+
+    def seconds(self, op: str, args: list, attrs: dict, number: int,
+                constants: tuple[int, ...] = ()) -> float:
+        program = _program(op, args, attrs, constants)
+        feeds = {f"a{i}": a for i, a in enumerate(args) if a is not None and i not in constants}
+        return self._program_seconds(program, feeds, number)
+
+    def fixed(self, rate_class: str) -> float:
+        return self.values["launch_us"] + self.values.get(f"{rate_class}_op_us", 0.0)
+
+    def _program_seconds(self, program, feeds: dict, number: int) -> float:
+        """Seconds of one run of the program's steps (no feeding or output copies), under its
+        thread settings."""
+        from ..threads import governed
+
+        steps, env = program_steps(program, feeds)
+
+        def run():
+            for step in steps:
+                step(env)
+
+        with governed(program.threads, program.blas_threads, program.numba_threads):
+            return _time(run, self.repeat, number)
+
+    def launch(self) -> None:
+        """A kernel's whole step on 16 elements: four one-op kernels, the mean."""
+        from onnx import TensorProto, helper
+
+        ops = ["Relu", "Sigmoid", "Tanh", "Neg"]            # one kernel per output
+        outputs = [f"y{i}" for i in range(len(ops))]
+        graph = helper.make_graph(
+            [helper.make_node(op, ["a0"], [y]) for op, y in zip(ops, outputs)], "ops",
+            [helper.make_tensor_value_info("a0", TensorProto.FLOAT, [16])],
+            [helper.make_tensor_value_info(y, TensorProto.FLOAT, [16]) for y in outputs])
+        program = _compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+        number = 50 if self.quick else 400
+        seconds = self._program_seconds(program, {"a0": np.ones(16, np.float32)}, number)
+        self.values["launch_us"] = max(0.1, 1e6 * seconds / len(program.steps))
+        self.notes["launch_us"] = "Numba backend: a one-op kernel's step on 16 elements"
+
+    def overheads(self) -> None:
+        """The class figures as tiny one-node programs less `launch_us`; an elementwise op's
+        as what a second op fused into a one-op kernel adds (a one-node Add would count the
+        passing of its second input, which the cost model does not charge per op)."""
+        super().overheads()
+        from onnx import TensorProto, helper
+
+        x = np.ones(16, np.float32)
+        number = 50 if self.quick else 400
+        seconds = []
+        for chain in (["Relu"], ["Neg", "Relu"]):
+            names = ["a0", *[f"t{i}" for i in range(len(chain) - 1)], "y"]
+            graph = helper.make_graph(
+                [helper.make_node(op, [names[i]], [names[i + 1]]) for i, op in enumerate(chain)],
+                "chain", [helper.make_tensor_value_info("a0", TensorProto.FLOAT, [16])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])])
+            program = _compile(helper.make_model(graph,
+                                                 opset_imports=[helper.make_opsetid("", 21)]))
+            seconds.append(self._program_seconds(program, {"a0": x}, number))
+        self.values["elementwise_op_us"] = max(0.0, 1e6 * (seconds[1] - seconds[0]))
+        self.notes["elementwise_op_us"] = "a second op fused into a one-op kernel"
+
+    def elementwise_cases(self, cases: dict) -> dict:
+        if not self.quick:
+            return cases
+        return {op: case for op, case in cases.items() if op in self.QUICK_OPS}
+
+
+def _program(op: str, args: list, attrs: dict, constants: tuple[int, ...]):
+    """The Numba program of one `op` node: argument i is graph input `a{i}`, or an initializer
+    when i is in `constants`; None is an absent input."""
+    from onnx import helper, numpy_helper, shape_inference
+
+    attrs = dict(attrs)
+    if op in ("ReduceSum", "ReduceMean") and "axes" in attrs:     # an input since opset 18
+        args = [args[0], np.asarray(attrs.pop("axes"), np.int64)]
+        constants = (*constants, 1)
+    inputs, initializers, names = [], [], []
+    for i, arg in enumerate(args):
+        if arg is None:
+            names.append("")
+            continue
+        name, value = f"a{i}", np.asarray(arg)
+        names.append(name)
+        if i in constants:
+            initializers.append(numpy_helper.from_array(value, name))
+        else:
+            inputs.append(helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape))
+    if op == "Cast":                          # the operator table's dtype name, ONNX's number
+        attrs["to"] = helper.np_dtype_to_tensor_dtype(np.dtype(attrs["to"]))
+    node = helper.make_node(op, names, ["y"], **attrs)
+    graph = helper.make_graph([node], op, inputs, [helper.make_empty_tensor_value_info("y")],
+                              initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    return _compile(shape_inference.infer_shapes(model, strict_mode=True))
+
+
+def _compile(model):
+    from ..pipeline import compile as compile_model
+
+    return compile_model(model, target="cpu", backend="numba", threads=1).program
