@@ -236,7 +236,10 @@ def check(spec: Spec, path: Path, model: torch.nn.Module, args) -> dict:
         sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         got = sess.run(None, {k: a.numpy() for k, a in zip(spec.inputs, args)})
         for name, g, w in zip(spec.output_names, got, want):
-            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"{spec.name}:{name} ({level})")
+            # float error grows with the values a random network carries to its output
+            # (ResNet-50's logits reach 3e4): the absolute tolerance scales with the largest
+            atol = ATOL * max(1.0, float(np.max(np.abs(w))))
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=atol, err_msg=f"{spec.name}:{name} ({level})")
             assert np.all(np.isfinite(g)) and np.std(g) > 0, f"{spec.name}:{name} degenerate output"
             max_abs = max(max_abs, float(np.max(np.abs(g - w))))
     return {"nonstatic": bad, "max_abs_diff": max_abs}
