@@ -51,6 +51,11 @@ def edited(tmp_path, target, key, new):
     ("cpu", "kernel.launch_us", 'launch_us = "fast"', "kernel.launch_us must be a number"),
     ("cpu", "flops_per_element.Tanh", "Tanhh = 10.0",
      "flops_per_element.Tanhh names no operator"),
+    ("cpu", "flops_per_element.Tanh", '"Gelu(approxmate=tanh)" = 10.0',
+     "Gelu has no attribute approxmate"),
+    ("cpu", "flops_per_element.Tanh", '"Gelus(approximate=tanh)" = 10.0',
+     r"names no operator \(Gelus\)"),
+    ("cpu", "flops_per_element.Tanh", '"Gelu[tanh]" = 10.0', "names no operator"),
     ("cpu", "fusion.prologue", 'prologue = ["Relu"]', "fusion.prologue lists 'Relu'"),
     ("cpu", "memory.bandwidth_gbs", "bandwidth_gbs = = 18", "not valid TOML"),
     ("cpu", "energy.static_w", "", "missing key energy.static_w"),
@@ -196,3 +201,19 @@ def test_a_pooling_window_larger_than_its_input_costs_what_it_reads():
     huge, exact = pooled([640, 640]), pooled([3, 3])
     assert huge.flops == exact.flops == 640 * 9
     assert huge.predicted_us == pytest.approx(exact.predicted_us)
+
+
+def test_a_form_of_an_op_is_priced_apart(tmp_path):
+    """`Op(attr=value)` prices the nodes whose attribute has that value; the others keep the
+    op's price (the two Gelu forms run at different speeds on every backend)."""
+    text = re.sub(r'^"?Gelu[^=]*=.*$', "", cost_model_file("cpu").read_text(), flags=re.M)
+    path = tmp_path / "forms.toml"
+    path.write_text(text.replace("[flops_per_element]\n", '[flops_per_element]\nGelu = 10.0\n'
+                                 '"Gelu(approximate=tanh)" = 30.0\n'))
+    flops = {}
+    for form in ("none", "tanh"):
+        node = helper.make_node("Gelu", ["x"], ["y"], approximate=form)
+        model = make_model([node], [("x", [4, 256])], [("y", [4, 256])], opset=20)
+        kernel, = ef.compile(model, target=str(path)).report.kernels
+        flops[form] = kernel.flops
+    assert flops == {"none": 10.0 * 1024, "tanh": 30.0 * 1024}

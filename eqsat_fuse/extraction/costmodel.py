@@ -156,8 +156,15 @@ class CostModel:
     def flops_us(self, flops: float, op: str) -> float:
         return flops / (self.rates_gflops[_rate_class(op)] * 1e3)
 
-    def element_flops(self, op: str) -> float:
-        return self.flops_per_element.get(op, self.flops_per_element["default"])
+    def element_flops(self, op: str, attrs: tuple = ()) -> float:
+        """An element of `op` in Adds: the `Op(attr=value)` entry that its attributes match,
+        else the `Op` entry, else `default`."""
+        table = self.flops_per_element
+        for name, value in zip(OPS[op].attrs, attrs) if attrs else ():
+            key = f"{op}({name}={value})"
+            if key in table:
+                return table[key]
+        return table.get(op, table["default"])
 
     def tensor_bytes(self, shape: tuple[int, ...] | None, dtype: str | None,
                      activation: bool = True) -> float:
@@ -240,8 +247,27 @@ def node_flops(model: CostModel, op: str, attrs: tuple, out_shape: tuple[int, ..
             return out * math.prod(min(k, d) for k, d in zip(kernel, spatial))
         if op == "LRN":
             return size * attrs[0]
-        return size * model.element_flops(op)
-    return out * model.element_flops(op)
+        return size * model.element_flops(op, attrs)
+    return out * model.element_flops(op, attrs)
+
+
+_QUALIFIED = re.compile(r"(\w+)\((\w+)=([^()=]+)\)")
+
+
+def _check_price_key(key: str, where: str) -> None:
+    """A `[flops_per_element]` key: `default`, an operator, or `Op(attr=value)`."""
+    if key == "default" or key in OPS:
+        return
+    match = _QUALIFIED.fullmatch(key)
+    if match is None:
+        raise CostModelError(f"{where}: flops_per_element.{key} names no operator (keys are "
+                             f"`default`, an operator, or `Op(attribute=value)`)")
+    op, attr = match.group(1), match.group(2)
+    if op not in OPS:
+        raise CostModelError(f"{where}: flops_per_element.{key} names no operator ({op})")
+    if attr not in OPS[op].attrs:
+        raise CostModelError(f"{where}: flops_per_element.{key}: {op} has no attribute {attr} "
+                             f"(its attributes: {', '.join(OPS[op].attrs) or 'none'})")
 
 
 def load_cost_model(target: str | Path) -> CostModel:
@@ -266,7 +292,8 @@ def load_cost_model(target: str | Path) -> CostModel:
 
 
 _HEADER = re.compile(r"\s*\[\s*([^\[\]]+?)\s*\]\s*$")
-_KEY = re.compile(r"\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
+_KEY = re.compile(r"""\s*((?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-. ])+?)\s*=""")
+_STRING = re.compile(r""""[^"]*"|'[^']*'""")
 
 
 def _key_lines(text: str) -> dict[str, int]:
@@ -288,6 +315,7 @@ def _key_lines(text: str) -> dict[str, int]:
                 lines.setdefault(f"{table}.{name}" if table else name, number)
                 if not table and "." in name:           # a dotted key names its table too
                     lines.setdefault(name.split(".")[0], number)
+        code = _STRING.sub("", code)                    # brackets in a string or quoted key
         depth = max(0, depth + code.count("[") + code.count("{") - code.count("]")
                     - code.count("}"))
     return lines
@@ -330,8 +358,7 @@ def _validate(data: dict[str, Any], path: str, lines: dict[str, int] | None = No
         if table == "flops_per_element":
             for key, value in section.items():
                 where = at(f"{table}.{key}", table)
-                if key != "default" and key not in OPS:
-                    raise CostModelError(f"{where}: flops_per_element.{key} names no operator")
+                _check_price_key(key, where)
                 values[table][key] = _check_value(value, float, f"{table}.{key}", where)
     fusion, memory, energy = values["fusion"], values["memory"], values.get("energy")
     _check_ops(fusion["prologue"], ("reduction",), "fusion.prologue", "a reduction",
