@@ -95,6 +95,12 @@ class Program:
         self._output_info = output_info        # output name -> (shape, dtype)
         self._feed_specs = feed_specs          # (input name, dtype, shape)
 
+    @property
+    def run_steps(self) -> list[Step]:
+        """What a run executes, in order (the Numba backend's segments run several kernels
+        each; `steps` has one per kernel)."""
+        return self._run_steps or self._kernel_steps
+
     def empty_outputs(self) -> dict[str, np.ndarray]:
         """Fresh output arrays of the right shapes and dtypes, for `run(feeds, out=...)`."""
         return {name: np.empty(shape, dtype) for name, (shape, dtype) in self._output_info.items()}

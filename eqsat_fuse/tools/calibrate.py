@@ -87,6 +87,11 @@ class Calibration:
         self.notes: dict[str, str] = {}
         self.flops: dict[str, float] = {}        # measured flops_per_element
 
+    # ops this backend computes as the inline loop body of a chain of others: price key ->
+    # (the chain's one dear op, its other ops, each about an Add); never priced above that
+    # chain, since what the two measure apart is noise and it would decide extraction
+    COMPOSITES: dict[str, tuple[str, int]] = {}
+
     def steps(self) -> list[tuple[str, Callable[[], None]]]:
         return [("memory bandwidth", self.memory), ("operation overheads", self.overheads),
                 ("elementwise rate", self.elementwise), ("MatMul rate", self.matmul),
@@ -173,20 +178,21 @@ class Calibration:
         bandwidth = self.values.get("onchip_bandwidth_gbs", self.values["bandwidth_gbs"])
         fixed = self.fixed("elementwise")
 
-        def per_element_us(op: str, args: list, attrs: dict, constants=()) -> float:
-            seconds = self.seconds(op, args, attrs, 10, constants)
+        def per_element_us(key: str, args: list, attrs: dict, constants=()) -> float:
+            seconds = self.seconds(key.split("(", 1)[0], args, attrs, 10, constants)
             moved = 4.0 * (len(args) + 1) / (bandwidth * 1e3)        # us per element
             return max((seconds * 1e6 - fixed) / n - moved, 0.05 * seconds * 1e6 / n)
 
         unit = per_element_us("Add", [x, x], {})
         self.values["elementwise_gflops"] = 1e-3 / unit
         bn = [np.ones(1, np.float32)] * 4
-        cases = {      # op: (arguments, attributes, the arguments that are model weights)
+        # price key (an op, or `Op(attr=value)`: a form priced apart, see
+        # docs/cost-models.md): (arguments, attributes, the arguments that are model weights)
+        cases = {
             "Sigmoid": ([x], {}, ()), "Tanh": ([x], {}, ()), "Erf": ([x], {}, ()),
-            # Gelu at its tanh form: one price serves both forms, and at the erf form's the
-            # tanh Gelu would cost more than its own 8-op chain, which extraction then keeps
-            # (GPT-2); the erf form's chain (Erf and 4 ops) costs more than either
-            "Gelu": ([x], {"approximate": "tanh"}, ()), "Exp": ([x], {}, ()),
+            # both Gelu forms: each must cost less than its own chain where it runs faster
+            "Gelu": ([x], {"approximate": "none"}, ()),
+            "Gelu(approximate=tanh)": ([x], {"approximate": "tanh"}, ()), "Exp": ([x], {}, ()),
             "Log": ([pos], {}, ()), "Sqrt": ([pos], {}, ()),
             # Pow by a constant 3, as models raise (GELU's x^3; x^2 of norms is as cheap): the
             # Numba backend writes small constant exponents as products, a general one is 10x
@@ -205,8 +211,11 @@ class Calibration:
                     and op not in cases and op not in _ABOUT_ONE_ADD:
                 cases[op] = ([x if spec.domain == "any" else pos] * len(spec.inputs),
                              dict(spec.defaults), ())
-        self.flops = {op: max(1.0, per_element_us(op, *case) / unit)
-                      for op, case in self.elementwise_cases(cases).items()}
+        self.flops = {key: max(1.0, per_element_us(key, *case) / unit)
+                      for key, case in self.elementwise_cases(cases).items()}
+        for key, (inner, adds) in self.COMPOSITES.items():
+            if key in self.flops and inner in self.flops:
+                self.flops[key] = min(self.flops[key], self.flops[inner] + adds)
 
     def elementwise_cases(self, cases: dict) -> dict:
         """The elementwise ops whose cost per element is measured (all of them)."""
@@ -355,7 +364,8 @@ _PRICES = {
               "NumPy call", "# with a fixed cost, and a kernel adds the backend's per-step "
               "overhead."],
     "numba": ["# Prices are those of the Numba backend: a kernel is one compiled loop nest, so an",
-              "# operation fused into it has no call of its own; a kernel's step costs launch_us."],
+              "# operation fused into it has no call of its own; one more kernel in a run costs",
+              "# launch_us."],
 }
 
 
@@ -425,7 +435,7 @@ def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
     ]
     table = dict(base["flops_per_element"])
     table.update({k: round(x, 2) for k, x in flops.items()})
-    lines += [f"{k} = {_toml_value(x)}" for k, x in table.items()]
+    lines += [f"{_toml_key(k)} = {_toml_value(x)}" for k, x in table.items()]
     lines += ["", "[fusion]"]
     lines += [_commented(f"{k} = {_toml_value(x)}", k) for k, x in base["fusion"].items()]
     if "energy" in base:
@@ -451,6 +461,11 @@ _COMMENTS = {
 
 def _commented(line: str, key: str) -> str:
     return f"{line:31s} # {_COMMENTS[key]}" if key in _COMMENTS else line
+
+
+def _toml_key(key: str) -> str:
+    """A bare TOML key, or a quoted one (`"Gelu(approximate=tanh)"`)."""
+    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)
 
 
 def _toml_value(value) -> str:
@@ -547,6 +562,10 @@ class NumbaCalibration(Calibration):
     ELEMENTWISE_SIZE = 1 << 18
     # elementwise ops timed in --quick (the others keep the base file's figures)
     QUICK_OPS = ("Sigmoid", "Exp", "Erf")
+    run_us = 0.0             # a run's own cost (feeds' addresses, the dispatch): `launch`
+    # approx.gelu_f32 is 0.5 x (1 + erf_f32(x / sqrt 2)); gelu_tanh_f32 is
+    # 0.5 x (1 + tanh_f32(sqrt(2/pi) (x + 0.044715 x^3)))
+    COMPOSITES = {"Gelu": ("Erf", 4), "Gelu(approximate=tanh)": ("Tanh", 7)}
 
     def __init__(self, quick: bool = False, progress=None):
         super().__init__(quick, progress)
@@ -568,14 +587,16 @@ class NumbaCalibration(Calibration):
         return self._program_seconds(program, feeds, number)
 
     def fixed(self, rate_class: str) -> float:
-        return self.values["launch_us"] + self.values.get(f"{rate_class}_op_us", 0.0)
+        return (self.run_us + self.values["launch_us"]
+                + self.values.get(f"{rate_class}_op_us", 0.0))
 
     def _program_seconds(self, program, feeds: dict, number: int) -> float:
-        """Seconds of one run of the program's steps (no feeding or output copies), under its
-        thread settings."""
+        """Seconds of one run of what the program's runs execute (its segments of compiled
+        kernels; no feeding or output copies), under its thread settings."""
         from ..threads import governed
 
-        steps, env = program_steps(program, feeds)
+        _, env = program_steps(program, feeds)
+        steps = program.run_steps
 
         def run():
             for step in steps:
@@ -585,23 +606,35 @@ class NumbaCalibration(Calibration):
             return _time(run, self.repeat, number)
 
     def launch(self) -> None:
-        """A kernel's whole step on 16 elements: four one-op kernels, the mean."""
+        """What one more kernel adds to a run: programs of 4 and of 32 one-op kernels on 16
+        elements, the difference per kernel (with a 16-element Softmax's work); what is left
+        of the 4 is the run's own cost (`run_us`, subtracted from every figure below, never
+        charged per kernel)."""
         from onnx import TensorProto, helper
 
-        ops = ["Relu", "Sigmoid", "Tanh", "Neg"]            # one kernel per output
-        outputs = [f"y{i}" for i in range(len(ops))]
-        graph = helper.make_graph(
-            [helper.make_node(op, ["a0"], [y]) for op, y in zip(ops, outputs)], "ops",
-            [helper.make_tensor_value_info("a0", TensorProto.FLOAT, [16])],
-            [helper.make_tensor_value_info(y, TensorProto.FLOAT, [16]) for y in outputs])
-        program = _compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
         number = 50 if self.quick else 400
-        seconds = self._program_seconds(program, {"a0": np.ones(16, np.float32)}, number)
-        self.values["launch_us"] = max(0.1, 1e6 * seconds / len(program.steps))
-        self.notes["launch_us"] = "Numba backend: a one-op kernel's step on 16 elements"
+        seconds = {}
+        for count in (4, 32):
+            # a chain of Softmaxes: a kernel each (one reduction a kernel), every value but the
+            # last one in the arena, as a model's are (a run's feeds and outputs cost more)
+            names = ["a0", *[f"t{i}" for i in range(count - 1)], "y"]
+            graph = helper.make_graph(
+                [helper.make_node("Softmax", [names[i]], [names[i + 1]], axis=-1)
+                 for i in range(count)], "chain",
+                [helper.make_tensor_value_info("a0", TensorProto.FLOAT, [16])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])])
+            program = _compile(helper.make_model(graph,
+                                                 opset_imports=[helper.make_opsetid("", 21)]))
+            assert len(program.steps) == count, "one kernel per Softmax"
+            seconds[count] = 1e6 * self._program_seconds(
+                program, {"a0": np.ones(16, np.float32)}, number)
+        self.values["launch_us"] = max(0.01, (seconds[32] - seconds[4]) / 28)
+        self.run_us = max(0.0, seconds[4] - 4 * self.values["launch_us"])
+        self.notes["launch_us"] = (f"Numba backend: one more kernel in a run (a run's own "
+                                   f"{self.run_us:.1f} us not charged)")
 
     def overheads(self) -> None:
-        """The class figures as tiny one-node programs less `launch_us`; an elementwise op's
+        """The class figures as tiny one-node programs less `fixed`; an elementwise op's
         as what a second op fused into a one-op kernel adds (a one-node Add would count the
         passing of its second input, which the cost model does not charge per op)."""
         super().overheads()
