@@ -50,9 +50,10 @@ def test_every_strategy_and_target_on_two_models_then_resume(tmp_path, capsys):
     assert {r["speedup_vs_ort"] for r in ort if r["strategy"] == "ort-enable-all"} == {"1.0"}
     assert "| onnxruntime ORT_ENABLE_ALL |" in table
     assert {r["stop_reason"] for r in rows if r["strategy"] == "none"} == {"not run"}
-    # per target: equality saturation never predicts a costlier program than no rewriting
+    # per target: DAG extraction never predicts a costlier program than no rewriting (tree
+    # extraction prices a shared class once per use, so on a DAG it may: BERT's on cpu does)
     for r in rows:
-        if r["strategy"].startswith("eqsat"):
+        if r["strategy"] in ("eqsat-greedy", "eqsat-ilp"):
             base = next(b for b in rows if b["strategy"] == "none" and b["model"] == r["model"]
                         and b["target"] == r["target"])
             assert float(r["predicted_us"]) <= float(base["predicted_us"]) * (1 + 1e-9)
