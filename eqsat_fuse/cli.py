@@ -554,9 +554,10 @@ def _add_compare_command(sub: argparse._SubParsersAction) -> None:
                          help="run the cells on this Dask distributed scheduler")
     compare.add_argument("--backend", default=None, choices=list(BACKENDS),
                          help="backend to time (default: numba, or $EQSAT_FUSE_BACKEND)")
-    compare.add_argument("--repeats", type=int, default=10,
-                         help="timed runs per measured cell, after 2 warm-up runs (default 10): "
-                              "median, IQR and a bootstrap 95%% interval of the median")
+    compare.add_argument("--repeats", type=int, default=20,
+                         help="timed runs per measured cell, after 2 warm-up runs, in 5 blocks "
+                              "0.3 s apart (default 20): median, IQR and a bootstrap 95%% "
+                              "interval of the median")
     compare.add_argument("--spread-limit", type=float, default=0.10, metavar="F",
                          help="warn about a cell whose IQR is above F x its median (default "
                               "0.10)")

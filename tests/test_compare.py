@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 
 import pytest
 
@@ -130,6 +131,20 @@ def test_the_passes_strategy_says_which_user_rules_cannot_fire_and_why(tmp_path)
     eqsat = ef.compile(model, rules=[rules], target="edge-npu").report
     assert eqsat.matches_per_rule["relu-relu-inline"] >= 1 and not eqsat.notes
     assert eqsat.kernels_out < passes.kernels_out
+
+
+def test_timed_runs_are_spread_over_blocks_a_pause_apart():
+    """A shared machine's load changes over seconds, so the runs of a cell are taken in blocks
+    a pause apart (each pause followed by an untimed run), not in one burst."""
+    from eqsat_fuse.tools.compare_stats import time_blocks
+
+    calls = []
+    times = time_blocks(lambda: calls.append(time.perf_counter()), 7, warmup=2, blocks=3,
+                        pause_s=0.05)
+    assert len(times) == 7 and len(calls) == 2 + 7 + 2        # warm-ups, timed, after pauses
+    gaps = sorted(b - a for a, b in zip(calls, calls[1:]))
+    assert gaps[-2] >= 0.05 and gaps[-3] < 0.05               # exactly two pauses
+    assert len(time_blocks(lambda: None, 2, blocks=5, pause_s=0.0)) == 2
 
 
 def test_a_noisy_cell_is_warned_about_and_the_sweep_is_described_in_metadata(tmp_path):

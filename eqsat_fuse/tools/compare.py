@@ -6,11 +6,11 @@ Every cell of models x strategies x targets x rule sets is compiled, verified ag
 onnxruntime and written to `DIR/cells/<cell>.json` as soon as it is done, so an interrupted
 sweep resumes where it stopped (cells already in DIR are skipped). A cell whose target is this
 machine (`measures_here`: the `cpu` target or a cost file calibrated on this host) is also
-timed as a block of warm-up and `repeats` timed runs (`compare_stats`: median, IQR, bootstrap
-interval of the median, a warning when the spread is large); a cell of any other target shows
+timed: warm-up runs, then `repeats` timed runs in blocks a pause apart (`compare_stats`:
+median, IQR, bootstrap interval of the median, a warning when the spread is large); a cell of any other target shows
 its predicted cost only, since this CPU says nothing about a GPU's latency. Each model also gets
 onnxruntime rows (ENABLE_ALL and DISABLE_ALL, `BASELINES`) timed the same way, each in its own
-session and block, and every measured row a speedup against ENABLE_ALL.
+session, and every measured row a speedup against ENABLE_ALL.
 
 At the end `DIR/results.csv`, `DIR/results.md`, `DIR/metadata.json` (versions, CPU, threads,
 load average, seed, the project's commit) and the plots in `DIR/plots/` (`compare_plots`) are
@@ -97,7 +97,7 @@ def measures_here(target: str) -> bool:
     return name == "cpu" or name.endswith("@" + target_name(None).partition("@")[2])
 
 
-def run_cell(cell: dict, rule_files: list[str], backend: str | None = None, repeats: int = 10,
+def run_cell(cell: dict, rule_files: list[str], backend: str | None = None, repeats: int = 20,
              seed: int = 0, ilp_seconds: float = 30.0, threads: int | None = None) -> dict:
     """Compile, verify and (on this machine's target) time one cell; a row of results
     (errors are recorded, not raised). A baseline cell times onnxruntime instead."""
@@ -123,7 +123,7 @@ def run_cell(cell: dict, rule_files: list[str], backend: str | None = None, repe
         feeds = random_feeds(compiled.plan.inputs, seed)
         result = compiled.verify(feeds)
         measured = measures_here(cell.target)
-        times = stats.time_block(lambda: compiled.run(feeds), repeats) if measured else []
+        times = stats.time_blocks(lambda: compiled.run(feeds), repeats) if measured else []
     except EqsatFuseError as exc:
         row.update(status="error", error=str(exc))
         return row
@@ -147,7 +147,7 @@ def run_cell(cell: dict, rule_files: list[str], backend: str | None = None, repe
 
 def _run_baseline(cell: Cell, repeats: int, seed: int, threads: int | None) -> dict:
     """onnxruntime at one optimization level, on `threads` intra-op threads (the compiled
-    programs' default count), timed as a block like a compiled cell and verified against the
+    programs' default count), timed like a compiled cell and verified against the
     model as written. The session is closed before the next cell, so its spinning thread pool
     does not run beside another runtime."""
     import onnx
@@ -172,7 +172,7 @@ def _run_baseline(cell: Cell, repeats: int, seed: int, threads: int | None) -> d
         session = ort.InferenceSession(cell.model, options, providers=["CPUExecutionProvider"])
         compile_seconds = time.perf_counter() - started
         outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-        times = stats.time_block(lambda: session.run(None, feeds), repeats)
+        times = stats.time_blocks(lambda: session.run(None, feeds), repeats)
         del session
         expected, oracle = oracle_outputs(onnx.load(cell.model), feeds)
         result = compare_outputs(outputs, expected, oracle)
@@ -219,7 +219,7 @@ def plan_cells(models: Iterable[str], strategies: Iterable[str], targets: Iterab
 def compare(models: Iterable[str], out_dir: str | Path, strategies: Iterable[str] = STRATEGIES,
             targets: Iterable[str] = ("cpu",), rule_sets: dict[str, list[str]] | None = None,
             jobs: int = 1, scheduler: str | None = None, backend: str | None = None,
-            repeats: int = 10, seed: int = 0, ilp_seconds: float = 30.0,
+            repeats: int = 20, seed: int = 0, ilp_seconds: float = 30.0,
             threads: int | None = None, spread_limit: float = stats.SPREAD_LIMIT,
             progress: Callable[[str], None] | None = None) -> list[dict]:
     """Run the sweep into `out_dir` (resuming), then write the CSV, the table, the plots and
@@ -403,7 +403,8 @@ def metadata(started: dict, finished: dict, **settings) -> dict:
         "load_average_end": finished["load_average"],
         "started": started["time"], "finished": finished["time"],
         "git_commit": commit, "git_dirty": dirty,
-        "warmup_runs": stats.WARMUP_RUNS, "bootstrap_resamples": stats.BOOTSTRAP_RESAMPLES,
+        "warmup_runs": stats.WARMUP_RUNS, "blocks": stats.BLOCKS,
+        "block_pause_s": stats.BLOCK_PAUSE_S, "bootstrap_resamples": stats.BOOTSTRAP_RESAMPLES,
         **settings}
 
 

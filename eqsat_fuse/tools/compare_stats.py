@@ -2,10 +2,14 @@
 ranks programs (Spearman's rho of predicted against measured).
 
 A single timed run on a shared machine says little (the same program measured 158 ms, 11 ms
-and 2 ms in three cells), so every measured cell is timed as a block: warm-up runs, then
-`repeats` timed runs, reported as the median with its interquartile range and a bootstrap 95%
-interval of the median. A spread larger than a stated fraction of the median marks the cell
-noisy. The bootstrap draws from a fixed seed, so the same times give the same interval.
+and 2 ms in three cells), so every measured cell is timed repeatedly: warm-up runs, then
+`repeats` timed runs in blocks a pause apart, reported as the median with its interquartile
+range and a bootstrap 95% interval of the median. The load of a shared machine changes over
+seconds (MobileNetV2's blocks of ten runs a second apart had medians from 9.2 to 13.8 ms, each
+block's IQR 1-2%), so runs of one burst would report a spread that the next sweep falls
+outside; blocks spread over a second or more see that load. A spread larger than a stated
+fraction of the median marks the cell noisy. The bootstrap draws from a fixed seed, so the
+same times give the same interval.
 """
 
 from __future__ import annotations
@@ -16,20 +20,31 @@ from typing import Any, Callable
 
 import numpy as np
 
-WARMUP_RUNS = 2            # untimed runs before a block: caches, lazy JIT, thread pools woken
+WARMUP_RUNS = 2            # untimed runs before the first block: caches, lazy JIT, thread pools
+BLOCKS = 5                 # the timed runs are split into this many blocks (at most one a run)
+BLOCK_PAUSE_S = 0.3        # between blocks; one untimed run follows each pause
 BOOTSTRAP_RESAMPLES = 2000
 SPREAD_LIMIT = 0.10        # IQR / median above this marks a measurement noisy
 
 
-def time_block(call: Callable[[], Any], repeats: int, warmup: int = WARMUP_RUNS) -> list[float]:
-    """Milliseconds of `repeats` timed calls after `warmup` untimed ones, one after the other."""
+def time_blocks(call: Callable[[], Any], repeats: int, warmup: int = WARMUP_RUNS,
+                blocks: int = BLOCKS, pause_s: float = BLOCK_PAUSE_S) -> list[float]:
+    """Milliseconds of `repeats` timed calls, after `warmup` untimed ones, in `blocks` blocks
+    (fewer when there are fewer calls) `pause_s` apart, each pause followed by an untimed call
+    (a runtime's threads may have slept)."""
     for _ in range(warmup):
         call()
+    blocks = max(1, min(blocks, repeats))
+    sizes = [repeats // blocks + (b < repeats % blocks) for b in range(blocks)]
     times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1e3)
+    for b, size in enumerate(sizes):
+        if b:
+            time.sleep(pause_s)
+            call()
+        for _ in range(size):
+            start = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - start) * 1e3)
     return times
 
 
