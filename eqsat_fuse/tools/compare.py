@@ -7,10 +7,10 @@ onnxruntime and written to `DIR/cells/<cell>.json` as soon as it is done, so an 
 sweep resumes where it stopped (cells already in DIR are skipped). A cell whose target is this
 machine (`measures_here`: the `cpu` target or a cost file calibrated on this host) is also
 timed: warm-up runs, then `repeats` timed runs in blocks a pause apart (`compare_stats`:
-median, IQR, bootstrap interval of the median, a warning when the spread is large); a cell of any other target shows
-its predicted cost only, since this CPU says nothing about a GPU's latency. Each model also gets
-onnxruntime rows (ENABLE_ALL and DISABLE_ALL, `BASELINES`) timed the same way, each in its own
-session, and every measured row a speedup against ENABLE_ALL.
+median, IQR, bootstrap interval of the median, a warning when the spread is large); a cell of
+any other target shows its predicted cost only, since this CPU says nothing about a GPU's
+latency. Each model also gets onnxruntime rows (ENABLE_ALL and DISABLE_ALL, `BASELINES`) timed
+the same way, each in its own session, and every measured row a speedup against ENABLE_ALL.
 
 At the end `DIR/results.csv`, `DIR/results.md`, `DIR/metadata.json` (versions, CPU, threads,
 load average, seed, the project's commit) and the plots in `DIR/plots/` (`compare_plots`) are
