@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 
 import pytest
 
@@ -133,18 +132,20 @@ def test_the_passes_strategy_says_which_user_rules_cannot_fire_and_why(tmp_path)
     assert eqsat.kernels_out < passes.kernels_out
 
 
-def test_timed_runs_are_spread_over_blocks_a_pause_apart():
+def test_timed_runs_are_spread_over_blocks_a_pause_apart(monkeypatch):
     """A shared machine's load changes over seconds, so the runs of a cell are taken in blocks
     a pause apart (each pause followed by an untimed run), not in one burst."""
-    from eqsat_fuse.tools.compare_stats import time_blocks
+    from eqsat_fuse.tools import compare_stats
 
-    calls = []
-    times = time_blocks(lambda: calls.append(time.perf_counter()), 7, warmup=2, blocks=3,
-                        pause_s=0.05)
-    assert len(times) == 7 and len(calls) == 2 + 7 + 2        # warm-ups, timed, after pauses
-    gaps = sorted(b - a for a, b in zip(calls, calls[1:]))
-    assert gaps[-2] >= 0.05 and gaps[-3] < 0.05               # exactly two pauses
-    assert len(time_blocks(lambda: None, 2, blocks=5, pause_s=0.0)) == 2
+    events = []
+    monkeypatch.setattr(compare_stats.time, "sleep", lambda s: events.append(f"pause {s}"))
+    times = compare_stats.time_blocks(lambda: events.append("run"), 7, warmup=2, blocks=3,
+                                      pause_s=0.05)
+    assert len(times) == 7
+    # 2 warm-ups; blocks of 3, 2 and 2 timed runs, each pause followed by an untimed run
+    assert events == ["run"] * 2 + ["run"] * 3 + ["pause 0.05", "run"] + ["run"] * 2 \
+        + ["pause 0.05", "run"] + ["run"] * 2
+    assert len(compare_stats.time_blocks(lambda: None, 2, blocks=5, pause_s=0.0)) == 2
 
 
 def test_a_noisy_cell_is_warned_about_and_the_sweep_is_described_in_metadata(tmp_path):
