@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 
 from .errors import EqsatFuseError
-from .frontend.importer import CANONICAL_OPSET
-from .ir import KernelPlan
+from .ir import CANONICAL_OPSET, KernelPlan
 from .lowering.lower import Program
 from .tools.report import Report
 
 if TYPE_CHECKING:
+    import onnx
+
     from .checking.verify import VerifyResult
     from .extraction.fusion_values import ExtractionContext
 

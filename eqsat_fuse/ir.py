@@ -14,6 +14,10 @@ from typing import Any
 
 import numpy as np
 
+# The default-domain opset that every imported model is upgraded to (`frontend.importer`), and
+# so the one the IR's ops and the opaque nodes `onnx.reference` runs follow.
+CANONICAL_OPSET = 21
+
 
 @dataclass(frozen=True)
 class TensorInfo:

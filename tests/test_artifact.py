@@ -5,6 +5,7 @@ nothing is overwritten without force, and never the model."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from onnx import TensorProto, helper
 
 import eqsat_fuse as ef
 from eqsat_fuse.artifacts import FORMAT_VERSION
+from eqsat_fuse.artifacts.store import _npy
 from eqsat_fuse.cli import main
 
 from conftest import MODELS_DIR, make_model
@@ -324,6 +326,40 @@ def test_a_process_that_only_loads_and_runs_imports_no_compiler(saved, tmp_path)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["[]", "[]"]
+
+
+def test_loading_imports_onnx_only_for_a_program_with_opaque_nodes():
+    # what loads and lowers a saved program imports no `onnx` (0.1 s) and no importer: only an
+    # Opaque node, which runs through onnx.reference, needs it
+    script = ("import sys, eqsat_fuse.compiled, eqsat_fuse.artifacts.store, "
+              "eqsat_fuse.lowering.lower, eqsat_fuse.backends.numba.binder; "
+              "print(sorted(m for m in ('onnx', 'eqsat_fuse.frontend.importer') "
+              "if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("value", [
+    np.zeros((3, 5), np.float32), np.arange(7, dtype=np.int64), np.array(2.5, np.float64),
+    np.zeros((2, 0, 3), np.float16), np.ones((1, 1, 1, 1), bool), np.arange(4, dtype=">i4")])
+def test_constants_read_back_from_the_headers_numpy_writes(value):
+    data = io.BytesIO()
+    np.lib.format.write_array(data, value, allow_pickle=False)
+    back = _npy(data.getvalue(), "constants/0.npy")
+    assert back.dtype == value.dtype and back.shape == value.shape
+    assert back.tobytes() == value.tobytes()
+
+
+def test_a_constant_of_fortran_order_or_short_data_is_refused():
+    data = io.BytesIO()
+    np.lib.format.write_array(data, np.zeros((3, 4), np.float32, order="F"), allow_pickle=False)
+    with pytest.raises(ef.ArtifactError, match="Fortran-ordered"):
+        _npy(data.getvalue(), "constants/0.npy")
+    data = io.BytesIO()
+    np.lib.format.write_array(data, np.zeros((3, 4), np.float32), allow_pickle=False)
+    with pytest.raises(ef.ArtifactError, match=r"does not fill its shape \[3, 4\]"):
+        _npy(data.getvalue()[:-4], "constants/0.npy")
 
 
 def test_the_lazy_package_exports_every_public_name():

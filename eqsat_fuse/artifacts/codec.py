@@ -22,13 +22,18 @@ import math
 from typing import Any
 
 import numpy as np
-import onnx
-
 from ..errors import ArtifactError
 from ..ir import BodyNode, ConstExpr, Kernel, KernelPlan, Node, Operand, TensorInfo
 
-_PROTOS = {"NodeProto": onnx.NodeProto, "TensorProto": onnx.TensorProto,
-           "AttributeProto": onnx.AttributeProto, "GraphProto": onnx.GraphProto}
+# the ONNX messages a plan may hold (an Opaque node's attributes); `onnx` is imported only for
+# a plan that has one, so loading most artifacts imports no `onnx` (0.1 s)
+_PROTO_NAMES = ("NodeProto", "TensorProto", "AttributeProto", "GraphProto")
+
+
+@functools.cache
+def _proto(name: str) -> type:
+    import onnx
+    return getattr(onnx, name)
 
 
 # ---- values --------------------------------------------------------------------------------------
@@ -59,7 +64,7 @@ def encode_value(value: Any, where: str) -> Any:
     if isinstance(value, bytes):
         return {"$bytes": _b64(value)}
     name = type(value).__name__
-    if name in _PROTOS and isinstance(value, _PROTOS[name]):
+    if name in _PROTO_NAMES and isinstance(value, _proto(name)):
         return {"$onnx": name, "data": _b64(value.SerializeToString())}
     raise ArtifactError(f"cannot save {where}: it holds a {type(value).__name__}, which an "
                         f"artifact does not store")
@@ -92,8 +97,8 @@ def decode_value(data: Any) -> Any:
         return flat.reshape(shape).copy()
     if tag == "$bytes":
         return _unb64(data[tag])
-    if tag == "$onnx" and data[tag] in _PROTOS:
-        proto = _PROTOS[data[tag]]()
+    if tag == "$onnx" and data[tag] in _PROTO_NAMES:
+        proto = _proto(data[tag])()
         try:
             proto.ParseFromString(_unb64(data["data"]))
         except Exception as why:        # protobuf's DecodeError
@@ -249,7 +254,7 @@ def _node_to_json(node: Node) -> dict[str, Any]:
 
 def _node_from_json(data: dict) -> Node:
     onnx_node = None if data["onnx_node"] is None else decode_value(data["onnx_node"])
-    if onnx_node is not None and not isinstance(onnx_node, onnx.NodeProto):
+    if onnx_node is not None and not isinstance(onnx_node, _proto("NodeProto")):
         raise TypeError("an opaque node's ONNX node")
     return Node(op=str(data["op"]), inputs=[None if i is None else str(i) for i in data["inputs"]],
                 outputs=[str(o) for o in data["outputs"]], attrs=_attrs_from_json(data["attrs"]),

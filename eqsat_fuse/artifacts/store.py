@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -299,22 +300,47 @@ def _read_constants(stored: dict[str, Any], contents: dict[str, bytes]
     return values
 
 
+# the header `np.lib.format.write_array` writes for a C-ordered array of a plain dtype: read by
+# this pattern (a quarter of a millisecond less per file than NumPy's reader, which parses the
+# header as a Python literal); any other header goes to NumPy's reader
+_NPY_HEADER = re.compile(rb"\{'descr': '([<>|=][a-z]\d{1,2})', 'fortran_order': False, "
+                         rb"'shape': \(((?:\d+, ?)*\d*)\), \} *\n")
+
+
 def _npy(data: bytes, rel: str) -> np.ndarray:
+    shape, dtype, offset = _npy_header(data, rel)
+    if dtype.hasobject:
+        raise ArtifactError(f"{rel}: holds an object or Fortran-ordered array, which an "
+                            f"artifact never does")
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(data) - offset != count * dtype.itemsize:
+        raise ArtifactError(f"{rel}: its data does not fill its shape {list(shape)}")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def _npy_header(data: bytes, rel: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """A .npy file's shape, dtype and data offset, from its header (C order only)."""
+    if data[:8] == b"\x93NUMPY\x01\x00" and len(data) >= 10:
+        end = 10 + int.from_bytes(data[8:10], "little")
+        match = _NPY_HEADER.fullmatch(data, 10, end)
+        if match:
+            try:
+                dtype = np.dtype(match[1].decode())
+            except TypeError:
+                raise ArtifactError(f"{rel}: not a .npy array (dtype {match[1]!r})") from None
+            return tuple(int(d) for d in match[2].split(b",") if d.strip()), dtype, end
     header = io.BytesIO(data)
     try:
         version = np.lib.format.read_magic(header)
         read = {(1, 0): np.lib.format.read_array_header_1_0,
                 (2, 0): np.lib.format.read_array_header_2_0}[version]
         shape, fortran, dtype = read(header)
-    except (ValueError, KeyError) as why:
+    except (ValueError, KeyError, TypeError) as why:
         raise ArtifactError(f"{rel}: not a .npy array ({why})") from None
-    if dtype.hasobject or fortran:
+    if fortran:
         raise ArtifactError(f"{rel}: holds an object or Fortran-ordered array, which an "
                             f"artifact never does")
-    count = int(np.prod(shape, dtype=np.int64))
-    if len(data) - header.tell() != count * dtype.itemsize:
-        raise ArtifactError(f"{rel}: its data does not fill its shape {list(shape)}")
-    return np.frombuffer(data, dtype=dtype, count=count, offset=header.tell()).reshape(shape)
+    return shape, dtype, header.tell()
 
 
 def _extension_dtype(name: str, rel: str) -> np.dtype:

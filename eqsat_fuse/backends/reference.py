@@ -1,12 +1,18 @@
-"""Running single ONNX nodes through `onnx.reference`: import-time folding and Opaque kernels."""
+"""Running single ONNX nodes through `onnx.reference`: import-time folding and Opaque kernels.
+
+`onnx` is imported where a node is built, not with this module: loading a saved artifact whose
+program has no Opaque kernel imports no `onnx` (0.1 s)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import onnx
-from onnx import helper
 
 from .numpy.pooling import max_pool_with_indices
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def _own_kernel(node: onnx.NodeProto):
@@ -18,6 +24,7 @@ def _own_kernel(node: onnx.NodeProto):
     """
     if node.op_type != "MaxPool" or node.domain not in ("", "ai.onnx"):
         return None
+    from onnx import helper
     a = {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
     auto_pad = a.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
@@ -39,6 +46,7 @@ class NodeRunner:
 
     def __init__(self, node: onnx.NodeProto, input_types: list[tuple[str, np.dtype, tuple] | None],
                  opset_imports):
+        from onnx import helper
         from onnx.reference import ReferenceEvaluator
 
         self.names = [i for i in node.input]

@@ -39,7 +39,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ModelError
-from ..ir import Graph, Node, TensorInfo
+from ..ir import CANONICAL_OPSET, Graph, Node, TensorInfo
 from .folding import MAX_FOLDED_BYTES, _constant_node_value, _fold_shape_computations
 from .normalize import FAN_IN, MAX_INPUTS, _Context, _normalize, _split_wide
 from .protos import is_held
@@ -49,8 +49,6 @@ from .shapes import (MAX_TENSOR_BYTES, _refuse_huge, _require_static, _resize_er
 
 __all__ = ["CANONICAL_OPSET", "import_model", "with_input_shapes", "MAX_TENSOR_BYTES",
            "MAX_FOLDED_BYTES", "FAN_IN", "MAX_INPUTS"]
-
-CANONICAL_OPSET = 21
 
 
 def _default_opset(proto: onnx.ModelProto, name: str) -> int:
