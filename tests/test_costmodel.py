@@ -217,3 +217,81 @@ def test_a_form_of_an_op_is_priced_apart(tmp_path):
         kernel, = ef.compile(model, target=str(path)).report.kernels
         flops[form] = kernel.flops
     assert flops == {"none": 10.0 * 1024, "tanh": 30.0 * 1024}
+
+
+def _conv_model(channels: int, size: int, stride: int, group: int, tail: list[str]):
+    """x -> Conv (3x3, `group` groups, weights as initializers) -> `tail` elementwise ops."""
+    import numpy as np
+    w = np.ones((channels, channels // group, 3, 3), np.float32)
+    names = ["c", *[f"t{i}" for i in range(len(tail))]]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1],
+                              strides=[stride, stride], group=group)]
+    nodes += [helper.make_node(op, [names[i]], [names[i + 1]]) for i, op in enumerate(tail)]
+    out = -(-size // stride)
+    return make_model(nodes, [("x", [1, channels, size, size])],
+                      [(names[-1], [1, channels, out, out])], {"w": w})
+
+
+def _one_kernel(model, target):
+    kernel, = ef.compile(model, target=str(target), backend="numpy").report.kernels
+    return kernel
+
+
+def test_a_depthwise_convolution_pays_for_reordering_its_input(tmp_path):
+    """depthwise_input_gbs charges a depthwise Conv per byte of its input (a stride-2 one reads
+    four inputs an output); a dense Conv of the same shape is not charged."""
+    text = cost_model_file("cpu").read_text()
+    plain = tmp_path / "plain.toml"
+    plain.write_text(re.sub(r"^depthwise_input_gbs = .*$", "", text, flags=re.M))
+    slow = tmp_path / "slow.toml"
+    slow.write_text(re.sub(r"^depthwise_input_gbs = .*$", "depthwise_input_gbs = 1.0", text,
+                           flags=re.M))
+    input_bytes = 4 * 32 * 28 * 28
+    for stride in (1, 2):
+        depthwise = _conv_model(32, 28, stride, 32, [])
+        extra = (_one_kernel(depthwise, slow).predicted_us
+                 - _one_kernel(depthwise, plain).predicted_us)
+        assert extra == pytest.approx(input_bytes / 1e3, rel=1e-6)     # 1 GB/s: 1e3 bytes/us
+    dense = _conv_model(32, 28, 2, 1, [])
+    assert _one_kernel(dense, slow).predicted_us == pytest.approx(
+        _one_kernel(dense, plain).predicted_us)
+
+
+def test_an_epilogue_pays_one_pass_over_the_contractions_output(tmp_path):
+    """epilogue_pass_gbs: a Conv's epilogue (Relu, then Neg) costs one pass over the output,
+    read and written, whatever the number of its ops; a Conv alone, a Conv whose Relu runs as
+    a kernel of its own, and an elementwise kernel pay none."""
+    text = cost_model_file("cpu").read_text()
+    none_ = tmp_path / "none.toml"
+    none_.write_text(re.sub(r"^epilogue_pass_gbs = .*$", "", text, flags=re.M))
+    slow = tmp_path / "slow.toml"
+    slow.write_text(re.sub(r"^epilogue_pass_gbs = .*$", "epilogue_pass_gbs = 100.0", text,
+                           flags=re.M))
+    out_bytes = 4 * 8 * 16 * 16
+    for tail in (["Relu"], ["Relu", "Neg"]):
+        model = _conv_model(8, 16, 1, 1, tail)
+        kernel = _one_kernel(model, slow)
+        assert kernel.ops == ["Conv", *tail]
+        assert kernel.predicted_us - _one_kernel(model, none_).predicted_us == pytest.approx(
+            2 * out_bytes / 100e3, rel=1e-6)
+    alone = _conv_model(8, 16, 1, 1, [])
+    assert _one_kernel(alone, slow).predicted_us == pytest.approx(
+        _one_kernel(alone, none_).predicted_us)
+
+    def unfused(path):    # the same target with no epilogue on a Conv
+        text = path.read_text().replace("[fusion]\n", '[fusion]\nepilogue_anchors = ["MatMul"]\n')
+        out = tmp_path / f"unfused-{path.name}"
+        out.write_text(text)
+        kernels = ef.compile(_conv_model(8, 16, 1, 1, ["Relu"]), target=str(out),
+                             backend="numpy").report.kernels
+        assert [k.ops for k in kernels] == [["Conv"], ["Relu"]]
+        return sum(k.predicted_us for k in kernels)
+    assert unfused(slow) == pytest.approx(unfused(none_))
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+    chain = make_model(nodes, [("x", [8, 256])], [("y", [8, 256])])
+    assert _one_kernel(chain, slow).predicted_us == pytest.approx(
+        _one_kernel(chain, none_).predicted_us)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(re.sub(r"^epilogue_pass_gbs = .*$", "epilogue_pass_gbs = 0", text, flags=re.M))
+    with pytest.raises(ef.CostModelError, match="memory.epilogue_pass_gbs must be greater"):
+        load_cost_model(bad)

@@ -6,6 +6,7 @@ The program cost (docs/cost-models.md says what it charges) is computed in one p
 
     cost = sum over distinct kernels K of  launch + bytes_cost(read(K) + write(K))
                                            + sum over distinct inline classes n of K: work(n)
+                                           + sum over those below K's root: epilogue(n)
 
 where read(K) sums the bytes of the distinct boundary classes K reads. A kernel is a chosen `Mat`
 node (or a graph output whose chosen node is not materialized); its body is the inline term
@@ -39,11 +40,12 @@ from ..errors import EqsatFuseError
 from ..graphs import postorder, reachable
 from ..ops import OPS
 from ..saturation.serialized import ENode, SerializedEGraph
-from .costmodel import CostModel, Prices, nbytes, node_flops
+from .costmodel import CostModel, Prices, is_depthwise, nbytes, node_flops
 
 EPS = 1e-6    # price of one inline node, in the objective's unit: ties go to smaller programs
 CONST_LEAVES = {"Const", "Scalar", "Ints", "Absent"}
 ANCHOR_KINDS = ("anchor", "reduction")
+CONTRACTIONS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
 class ExtractionError(EqsatFuseError):
@@ -258,7 +260,20 @@ class Pricing:
         if OPS[node.op].kind in ("leaf", "structure"):
             return 0.0
         groups = node.attrs[3] if node.op in ("Conv", "ConvTranspose") else 1
-        return EPS + prices.work(self.flops(index), node.op, groups)
+        depthwise = None
+        if len(node.children) > 1 and \
+                is_depthwise(node.op, groups, self.eg.shapes.get(node.children[1])):
+            depthwise = self.bytes(node.children[0])
+        return EPS + prices.work(self.flops(index), node.op, groups, depthwise)
+
+    def epilogue(self, index: int, prices: Prices | None = None) -> float:
+        """Extra price of node `index` when it sits inline in a kernel body below the root: a
+        contraction there carries an epilogue, which makes one pass over its output (the
+        epilogue's later ops ride in the same pass). 0 for any other node."""
+        prices = prices or self.prices
+        if not prices.epilogue_byte or self.eg.nodes[index].op not in CONTRACTIONS:
+            return 0.0
+        return prices.epilogue_pass(self.bytes(self.eg.nodes[index].eclass))
 
     def read(self, c: int) -> float:
         """Provisional price of reading class c alone (heuristics only)."""
@@ -334,8 +349,11 @@ def program_cost(eg: SerializedEGraph, model: CostModel, choice: dict[int, int],
                                       f"{model.max_anchors}")
             ops = [chosen(c).op for c in inline if eg.class_sort[c] == "T"]
         flops = sum(pricing.flops(choice[c]) for c in inline)
-        work_us = sum(pricing.work(choice[c], pricing.latency) for c in inline)
+        below = [c for c in inline if c != body]
+        work_us = (sum(pricing.work(choice[c], pricing.latency) for c in inline)
+                   + sum(pricing.epilogue(choice[c], pricing.latency) for c in below))
         work_uj = (sum(pricing.work(choice[c], pricing.energy) for c in inline)
+                   + sum(pricing.epilogue(choice[c], pricing.energy) for c in below)
                    if pricing.energy else None)
         if node.op != "Mat" or not is_boundary(body):
             if OPS[chosen(body).op].kind == "view":      # an alias: nothing moves

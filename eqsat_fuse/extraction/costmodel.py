@@ -14,7 +14,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -46,6 +46,9 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
                                                "on chip, GB/s"),
         "storage_dtype": (str, False, "dtype activations are stored in (float32, float16, "
                                       "bfloat16); weights keep their own"),
+        "epilogue_pass_gbs": (float, False, "bandwidth of the pass a contraction's epilogue "
+                                            "makes over its output after the product, GB/s "
+                                            "(default: none, the epilogue runs in registers)"),
     },
     "compute": {
         "elementwise_gflops": (float, True, "arithmetic rate of elementwise loops, GFLOP/s"),
@@ -60,6 +63,10 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
                                           "(default op_us)"),
         "conv_group_us": (float, False, "extra cost of each group of a grouped convolution "
                                         "beyond the first, microseconds (default 0)"),
+        "depthwise_gflops": (float, False, "rate of a depthwise convolution's taps (one input "
+                                           "channel per group), GFLOP/s (default conv_gflops)"),
+        "depthwise_input_gbs": (float, False, "rate at which a depthwise convolution reorders "
+                                              "its input, GB/s of input (default: no charge)"),
     },
     "flops_per_element": {
         "default": (float, True, "FLOPs per output element of an elementwise op not listed"),
@@ -107,6 +114,9 @@ class Prices:
     flop: dict[str, float]           # per FLOP, by rate class (elementwise, matmul, conv,
                                      # reduction)
     group: float = 0.0               # per group of a grouped convolution, beyond the first
+    depthwise_flop: float = 0.0      # per FLOP of a depthwise convolution's taps
+    depthwise_byte: float = 0.0      # per byte of a depthwise convolution's input, reordered
+    epilogue_byte: float = 0.0       # per byte of a contraction's output passed by its epilogue
 
     def bytes_cost(self, nbytes: float) -> float:
         """Price of a kernel that reads and writes `nbytes` in all."""
@@ -114,10 +124,21 @@ class Prices:
             return nbytes * self.onchip_byte
         return nbytes * self.byte
 
-    def work(self, flops: float, op: str, groups: int = 1) -> float:
-        """Price of one operation of `flops` FLOPs inside a kernel body (without the tie-break)."""
+    def work(self, flops: float, op: str, groups: int = 1,
+             depthwise_input: float | None = None) -> float:
+        """Price of one operation of `flops` FLOPs inside a kernel body (without the tie-break).
+        `depthwise_input`: the bytes of a depthwise convolution's input (`is_depthwise`), which
+        is priced by its own rates: its taps at depthwise_gflops, its input's reordering at
+        depthwise_input_gbs, and conv_group_us per group."""
+        if depthwise_input is not None:
+            return (self.op["conv"] + flops * self.depthwise_flop
+                    + depthwise_input * self.depthwise_byte + (groups - 1) * self.group)
         rate_class = _rate_class(op)
         return self.op[rate_class] + flops * self.flop[rate_class] + (groups - 1) * self.group
+
+    def epilogue_pass(self, nbytes: float) -> float:
+        """Price of the pass an epilogue makes over a contraction's output of `nbytes`."""
+        return 2.0 * nbytes * self.epilogue_byte
 
 
 @dataclass(frozen=True)
@@ -145,6 +166,8 @@ class CostModel:
     energy: dict[str, float] | None = None   # the [energy] table, if the file has one
     op_us_by_class: dict[str, float] | None = None   # None: op_us for every class
     conv_group_us: float = 0.0
+    depthwise_input_gbs: float | None = None   # None: a depthwise input costs no reordering
+    epilogue_pass_gbs: float | None = None     # None: an epilogue makes no pass of its own
     rule_files: tuple[str, ...] = ()         # [target] rules: files only this target loads
     backend: str | None = None               # [target] backend: whose prices these are
 
@@ -190,10 +213,12 @@ class CostModel:
         onchip = math.inf if self.onchip_bytes is None else self.onchip_bytes
         onchip_bw = self.onchip_bandwidth_gbs or self.bandwidth_gbs
         op_us = {k: (self.op_us_by_class or {}).get(k, self.op_us) for k in RATE_CLASSES}
+        depthwise_rate = self.rates_gflops.get("depthwise", self.rates_gflops["conv"])
         latency = Prices("latency", self.launch_us, op_us, 1 / (self.bandwidth_gbs * 1e3),
                          1 / (onchip_bw * 1e3), onchip,
                          {k: 1 / (self.rates_gflops[k] * 1e3) for k in RATE_CLASSES},
-                         self.conv_group_us)
+                         self.conv_group_us, 1 / (depthwise_rate * 1e3),
+                         _per_byte(self.depthwise_input_gbs), _per_byte(self.epilogue_pass_gbs))
         if objective == "latency":
             return latency
         if self.energy is None:
@@ -206,7 +231,23 @@ class CostModel:
                       e["dram_pj_per_byte"] * 1e-6 + watts * latency.byte,
                       onchip_pj * 1e-6 + watts * latency.onchip_byte, onchip,
                       {k: e["pj_per_flop"] * 1e-6 + watts * v for k, v in latency.flop.items()},
-                      watts * latency.group)
+                      watts * latency.group,
+                      e["pj_per_flop"] * 1e-6 + watts * latency.depthwise_flop,
+                      (onchip_pj * 1e-6 + watts * latency.depthwise_byte
+                       if latency.depthwise_byte else 0.0),
+                      (onchip_pj * 1e-6 + watts * latency.epilogue_byte
+                       if latency.epilogue_byte else 0.0))
+
+
+def _per_byte(gbs: float | None) -> float:
+    """Microseconds a byte at `gbs` GB/s (0 for None: no such charge)."""
+    return 1 / (gbs * 1e3) if gbs else 0.0
+
+
+def is_depthwise(op: str, groups: int, weight_shape: tuple[int, ...] | None) -> bool:
+    """A convolution with one input channel per group, over more than one group."""
+    return (op == "Conv" and groups > 1 and weight_shape is not None and len(weight_shape) > 1
+            and weight_shape[1] == 1)
 
 
 def _rate_class(op: str) -> str:
@@ -375,11 +416,42 @@ def _validate(data: dict[str, Any], path: str, lines: dict[str, int] | None = No
                       if k.endswith("_op_us")}
     positive = [("memory.bandwidth_gbs", memory["bandwidth_gbs"]),
                 *[(f"compute.{k}_gflops", v) for k, v in rates.items()]]
+    if "depthwise_input_gbs" in compute:
+        positive.append(("compute.depthwise_input_gbs", compute["depthwise_input_gbs"]))
+    if "epilogue_pass_gbs" in memory:
+        positive.append(("memory.epilogue_pass_gbs", memory["epilogue_pass_gbs"]))
     if "onchip_bandwidth_gbs" in memory:
         positive.append(("memory.onchip_bandwidth_gbs", memory["onchip_bandwidth_gbs"]))
     for key, rate in positive:
         if rate == 0:
             raise CostModelError(f"{at(key)}: {key} must be greater than zero")
+    _check_memory(memory, energy, at)
+
+    def optional_set(key: str) -> frozenset[str] | None:
+        return frozenset(fusion[key]) if key in fusion else None
+
+    return CostModel(
+        target=values["target"]["name"], description=values["target"].get("description", ""),
+        launch_us=values["kernel"]["launch_us"], bandwidth_gbs=memory["bandwidth_gbs"],
+        rates_gflops=rates, flops_per_element=dict(values["flops_per_element"]),
+        elementwise_fusion=fusion["elementwise"], max_anchors=fusion["max_anchors"],
+        prologue=frozenset(fusion["prologue"]), path=path,
+        op_us=values["kernel"].get("op_us", 0.0),
+        onchip_bytes=memory.get("onchip_bytes"),
+        onchip_bandwidth_gbs=memory.get("onchip_bandwidth_gbs"),
+        storage_dtype=memory.get("storage_dtype", "float32"),
+        epilogue=optional_set("epilogue"), epilogue_anchors=optional_set("epilogue_anchors"),
+        energy=energy, op_us_by_class=op_us_by_class or None,
+        conv_group_us=compute.get("conv_group_us", 0.0),
+        depthwise_input_gbs=compute.get("depthwise_input_gbs"),
+        epilogue_pass_gbs=memory.get("epilogue_pass_gbs"),
+        rule_files=_target_rules(values["target"].get("rules", []), path, at("target.rules")),
+        backend=_backend(values["target"].get("backend"), at("target.backend")))
+
+
+def _check_memory(memory: dict[str, Any], energy: dict[str, Any] | None,
+                  at: Callable[..., str]) -> None:
+    """The [memory] and [energy] keys that only make sense together."""
     if ("onchip_bytes" in memory) != ("onchip_bandwidth_gbs" in memory):
         given, needed = (("onchip_bytes", "onchip_bandwidth_gbs") if "onchip_bytes" in memory
                          else ("onchip_bandwidth_gbs", "onchip_bytes"))
@@ -399,25 +471,6 @@ def _validate(data: dict[str, Any], path: str, lines: dict[str, int] | None = No
         if energy["onchip_pj_per_byte"] > energy["dram_pj_per_byte"]:
             raise CostModelError(f"{at('energy.onchip_pj_per_byte')}: energy.onchip_pj_per_byte "
                                  f"must not exceed energy.dram_pj_per_byte")
-
-    def optional_set(key: str) -> frozenset[str] | None:
-        return frozenset(fusion[key]) if key in fusion else None
-
-    return CostModel(
-        target=values["target"]["name"], description=values["target"].get("description", ""),
-        launch_us=values["kernel"]["launch_us"], bandwidth_gbs=memory["bandwidth_gbs"],
-        rates_gflops=rates, flops_per_element=dict(values["flops_per_element"]),
-        elementwise_fusion=fusion["elementwise"], max_anchors=fusion["max_anchors"],
-        prologue=frozenset(fusion["prologue"]), path=path,
-        op_us=values["kernel"].get("op_us", 0.0),
-        onchip_bytes=memory.get("onchip_bytes"),
-        onchip_bandwidth_gbs=memory.get("onchip_bandwidth_gbs"),
-        storage_dtype=memory.get("storage_dtype", "float32"),
-        epilogue=optional_set("epilogue"), epilogue_anchors=optional_set("epilogue_anchors"),
-        energy=energy, op_us_by_class=op_us_by_class or None,
-        conv_group_us=compute.get("conv_group_us", 0.0),
-        rule_files=_target_rules(values["target"].get("rules", []), path, at("target.rules")),
-        backend=_backend(values["target"].get("backend"), at("target.backend")))
 
 
 def _backend(backend: str | None, where: str) -> str | None:

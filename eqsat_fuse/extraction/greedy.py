@@ -39,7 +39,8 @@ class _Option:
         self.kbits = kbits                # kernels the option needs (bit per class position)
         self.ktotal = ktotal              # their summed cost
         self.under = under                # the cyclic classes its program uses (bit per class)
-        self.open = open_                 # inline class -> work; -1-class -> bytes read
+        self.open = open_                 # inline class -> work; -1-class -> bytes read;
+                                          # n_classes + class -> its epilogue's pass
         self.open_work = open_work
         self.open_bytes = open_bytes
         self.kernel = kernel              # for a Mat option: its own kernel's cost
@@ -188,6 +189,7 @@ def _evaluator(model: CostModel, eg: SerializedEGraph, pricing: Pricing, graph: 
     nodes = eg.nodes
     read_bytes, is_list, kinds = graph.read_bytes, graph.is_list, graph.kinds
     cycle_bit, self_loops = graph.cycle_bit, graph.self_loops
+    n_classes = len(eg.class_ids)      # open keys from here on: an epilogue's pass, by class
     legal_cache: dict[tuple[str, str, bool], bool] = {}
     bytes_cost, max_anchors = pricing.prices.bytes_cost, model.max_anchors
     empty = frozenset()
@@ -231,6 +233,9 @@ def _evaluator(model: CostModel, eg: SerializedEGraph, pricing: Pricing, graph: 
                     legal = legal_cache[key] = inline_legal(model, *key)
                 if not legal:
                     return None
+            epilogue = pricing.epilogue(o.node)
+            if epilogue:                      # a contraction read inline: its epilogue's pass
+                open_[n_classes + ch] = epilogue
             if o.anchors:
                 anchors = anchors | o.anchors
             anchored = anchored or o.has_anchor

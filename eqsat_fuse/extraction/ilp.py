@@ -486,11 +486,17 @@ class _Problem:
                     lp.row([(reads[c], 1.0)] + [(x[q], -1.0) for q in bnd[c]], upper=0.0)
             return reads[c]
 
+        # the classes a body of K starts from; a contraction below them carries an epilogue
+        body_roots = {nodes[M].children[0] for M in avail.get(k, ()) if nodes[M].op == "Mat"}
+        if is_root:
+            body_roots.add(k)
+
         def member(n: int) -> tuple[int, bool]:
             key = (n, k)
             if key in m:
                 return m[key], False
-            m[key] = j = lp.var(pricing.work(n))
+            below = nodes[n].eclass not in body_roots
+            m[key] = j = lp.var(pricing.work(n) + (pricing.epilogue(n) if below else 0.0))
             self.homes[n].append(j)
             lp.row([(j, 1.0), (x[n], -1.0)], upper=0.0)
             members[nodes[n].eclass].append(j)

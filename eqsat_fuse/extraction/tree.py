@@ -125,7 +125,8 @@ class TreeExtractor:
                         add = (o.cost, 0.0, read_bytes[ch], 0)
                     elif eg.class_sort[ch] == "TList" or inline_legal(model, op, state[0],
                                                                       state[1] > 0):
-                        add = (o.sub, o.work, o.moved, state[1])
+                        # a contraction read inline pays its epilogue's pass
+                        add = (o.sub, o.work + pricing.epilogue(o.node), o.moved, state[1])
                     else:
                         continue
                     for count, p in partial.items():
