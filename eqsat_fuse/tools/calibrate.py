@@ -9,7 +9,10 @@ Micro-benchmarks, one thread, each the median (or best) of repeats:
   (`ops.evaluate`) on tiny tensors: elementwise, MatMul, convolution, softmax;
 - rates: elementwise (exp over an in-cache array), MatMul (sgemm), convolution (3x3), reductions
   (softmax rows), each after its fixed cost and its bytes are taken off;
-- the extra cost of each group of a depthwise convolution;
+- the extra cost of each group of a depthwise convolution (with two cases or more, fitted
+  together with a cost per byte of its input, `depthwise_input_gbs`);
+- on the Numba backend, the pass a contraction's epilogue makes over its output
+  (`epilogue_pass_gbs`: a 1x1 convolution with and without a Relu);
 - the per-kernel launch overhead of the NumPy backend (a one-op program's step, less the op),
   and, when Numba is installed, the call overhead of a compiled kernel (reported in a comment).
 
@@ -265,11 +268,18 @@ class Calibration:
             rates.append(self._rate(seconds, self.fixed("conv"), flops,
                                     4.0 * (2 * x.size + w.size)))
         self.values["conv_gflops"] = float(np.median(rates))
-        # depthwise: a 3x3 convolution with a group per channel; the time beyond what a dense
-        # convolution of its FLOPs and bytes would take (priced as the cost model prices them),
-        # per group, the least over the cases: what every group pays (at the median, 0.5 us, a
-        # 960-group convolution on 7x7 planes was charged ten times its 45 us)
-        extra = []
+        self.depthwise()
+
+    def depthwise(self) -> None:
+        """Depthwise 3x3 convolutions (a group per channel): the time beyond the fixed cost,
+        the bytes and the taps at the convolution rate, fitted over the cases (non-negative
+        least squares) as a cost per group (conv_group_us) and per byte of the input, which the
+        kernel reorders into blocks of channels (depthwise_input_gbs). On the Numba backend
+        (Zen 4) the convolution rate with a cost per group alone priced MobileNetV2's 17
+        depthwise layers at 0.6x what they took; a stride-2 layer reads four input elements
+        an output. Fewer than two cases: the cost per group alone, the least over them."""
+        rng = np.random.default_rng(0)
+        rows, extra = [], []
         for channels, size, stride in self.DEPTHWISE_CASES:
             x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
             w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
@@ -279,8 +289,16 @@ class Calibration:
             out = channels * math.ceil(size / stride) ** 2
             rest = (self.fixed("conv") + 18.0 * out / (self.values["conv_gflops"] * 1e3)
                     + self._bytes_us(4.0 * (x.size + out + w.size)))
+            rows.append(([channels - 1, 4.0 * x.size], seconds * 1e6 - rest))
             extra.append((seconds * 1e6 - rest) / (channels - 1))
-        self.values["conv_group_us"] = max(0.0, float(min(extra)))
+        if len(rows) < 2:
+            self.values["conv_group_us"] = max(0.0, float(min(extra)))
+            return
+        from scipy.optimize import nnls
+        (group, byte), _ = nnls(np.array([r for r, _ in rows]), np.array([t for _, t in rows]))
+        self.values["conv_group_us"] = float(group)
+        if byte > 0:
+            self.values["depthwise_input_gbs"] = float(1.0 / (byte * 1e3))
 
     def _bytes_us(self, nbytes: float) -> float:
         """Microseconds the cost model charges a kernel that moves `nbytes`."""
@@ -415,6 +433,9 @@ def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
             f"{notes.get('onchip_bytes', '')}",
             f"onchip_bandwidth_gbs = {v['onchip_bandwidth_gbs']}",
         ]
+    if "epilogue_pass_gbs" in v:
+        lines.append(f"epilogue_pass_gbs = {v['epilogue_pass_gbs']}       # a contraction's "
+                     f"epilogue: its pass over the output (1x1 convolution + Relu)")
     lines += [
         "",
         "[compute]",
@@ -429,6 +450,8 @@ def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
         f"reduction_op_us = {v['reduction_op_us']}",
         f"conv_group_us = {v['conv_group_us']}          # each group of a depthwise convolution"
         f" ({sizes['conv_group_us']})",
+        *([f"depthwise_input_gbs = {v['depthwise_input_gbs']}    # its input, reordered into "
+           "blocks of channels (the same cases)"] if "depthwise_input_gbs" in v else []),
         "",
         "# the cost of one element of each op, in Adds (reductions: in ReduceSums), measured",
         "[flops_per_element]",
@@ -556,7 +579,8 @@ class NumbaCalibration(Calibration):
     backend = "numba"
     MATMUL_SIZES = ((128, 768, 768), (128, 768, 3072), (196, 512, 512))
     CONV_SIZES = ((64, 56), (128, 28), (256, 14))
-    DEPTHWISE_CASES = ((144, 56, 1), (96, 112, 2), (384, 14, 1), (960, 7, 1))
+    DEPTHWISE_CASES = ((144, 56, 1), (96, 112, 2), (144, 56, 2), (384, 14, 1), (960, 7, 1))
+    EPILOGUE_CASE = (8, 64, 56)              # a 1x1 convolution: in, out channels, size
     # 1 MiB a tensor: on chip, the regime of onchip_bandwidth_gbs, so that what an op costs
     # beyond its bytes is the arithmetic its loop cannot hide behind them
     ELEMENTWISE_SIZE = 1 << 18
@@ -573,16 +597,35 @@ class NumbaCalibration(Calibration):
             self.CONV_SIZES = ((32, 28),)
             self.MATMUL_SIZES = ((64, 256, 256),)
             self.DEPTHWISE_CASES = ((32, 28, 1),)
+            self.EPILOGUE_CASE = (16, 32, 28)
 
     def steps(self):
         return [("memory bandwidth", self.memory), ("launch overhead", self.launch),
                 ("operation overheads", self.overheads), ("elementwise rate", self.elementwise),
                 ("MatMul rate", self.matmul), ("convolution rate", self.conv),
-                ("reduction rates", self.reduction_table)]
+                ("epilogue pass", self.epilogue), ("reduction rates", self.reduction_table)]
+
+    def epilogue(self) -> None:
+        """What an epilogue costs beyond its ops: the pass the kernel makes over a
+        contraction's output block after the product (read and written again, in cache). A 1x1
+        convolution (`EPILOGUE_CASE`) timed with and without a Relu after it; the difference,
+        less the Relu's own work, over twice the output's bytes is epilogue_pass_gbs."""
+        cin, cout, size = self.EPILOGUE_CASE
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((1, cin, size, size)).astype(np.float32)
+        w = rng.standard_normal((cout, cin, 1, 1)).astype(np.float32)
+        attrs = dict(pads=(0, 0, 0, 0), strides=(1, 1), dilations=(1, 1), group=1)
+        bare = self.seconds("Conv", [x, w, None], attrs, 20, (1,))
+        fused = self.seconds("Conv", [x, w, None], attrs, 20, (1,), epilogue=("Relu",))
+        out = cout * size * size
+        relu = self.values["elementwise_op_us"] + out / (self.values["elementwise_gflops"] * 1e3)
+        extra = (fused - bare) * 1e6 - relu
+        if extra > 0:
+            self.values["epilogue_pass_gbs"] = 8.0 * out / (extra * 1e3)
 
     def seconds(self, op: str, args: list, attrs: dict, number: int,
-                constants: tuple[int, ...] = ()) -> float:
-        program = _program(op, args, attrs, constants)
+                constants: tuple[int, ...] = (), epilogue: tuple[str, ...] = ()) -> float:
+        program = _program(op, args, attrs, constants, epilogue)
         feeds = {f"a{i}": a for i, a in enumerate(args) if a is not None and i not in constants}
         return self._program_seconds(program, feeds, number)
 
@@ -663,9 +706,11 @@ class NumbaCalibration(Calibration):
         return {op: case for op, case in cases.items() if op in self.QUICK_OPS}
 
 
-def _program(op: str, args: list, attrs: dict, constants: tuple[int, ...]):
+def _program(op: str, args: list, attrs: dict, constants: tuple[int, ...],
+             epilogue: tuple[str, ...] = ()):
     """The Numba program of one `op` node: argument i is graph input `a{i}`, or an initializer
-    when i is in `constants`; None is an absent input."""
+    when i is in `constants`; None is an absent input. `epilogue`: one-input elementwise ops
+    applied to its output, one after the other."""
     from onnx import helper, numpy_helper, shape_inference
 
     attrs = dict(attrs)
@@ -686,8 +731,10 @@ def _program(op: str, args: list, attrs: dict, constants: tuple[int, ...]):
                 name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape))
     if op == "Cast":                          # the operator table's dtype name, ONNX's number
         attrs["to"] = helper.np_dtype_to_tensor_dtype(np.dtype(attrs["to"]))
-    node = helper.make_node(op, names, ["y"], **attrs)
-    graph = helper.make_graph([node], op, inputs, [helper.make_empty_tensor_value_info("y")],
+    outs = [f"e{i}" for i in range(len(epilogue))] + ["y"]
+    nodes = [helper.make_node(op, names, [outs[0]], **attrs)]
+    nodes += [helper.make_node(e, [outs[i]], [outs[i + 1]]) for i, e in enumerate(epilogue)]
+    graph = helper.make_graph(nodes, op, inputs, [helper.make_empty_tensor_value_info("y")],
                               initializer=initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     return _compile(shape_inference.infer_shapes(model, strict_mode=True))
