@@ -17,7 +17,9 @@ bench/extract_models.py) is compiled for the target on the backend (default: the
   ones, each with the ratio predicted / measured: over the kernels (the sums of the kernels'
   times, each timed alone as above: what the cost model adds up) and over whole runs (both
   programs timed in alternating blocks, medians: what a user sees, with the cache effects
-  between kernels that no per-kernel price has).
+  between kernels that no per-kernel price has), with a bootstrap 90% interval of the
+  median saving over the rounds of blocks, and whether a saving within 1.5x of the predicted
+  one lies in it (a saving of 1-2% is within this machine's noise: its interval says so).
 
 BENCH_VERBOSE=-v lists every kernel.
 """
@@ -78,20 +80,45 @@ def kernel_times(compiled) -> list[tuple[str, str, float, float]]:
     return rows
 
 
-def program_ms(compiled_programs: list, feeds: dict, seconds: float = 4.0) -> list[float]:
+def program_ms(compiled_programs: list, feeds: dict, seconds: float = 8.0
+               ) -> tuple[list[float], list[list[float]]]:
     """Median ms of each compiled program's whole run, timed in alternating blocks of 5 after
-    a pause (the first run of a block not counted), for about `seconds` in all."""
+    a pause (the first run of a block not counted), for about `seconds` in all; and each
+    round's block medians (a round: one block of each program, back to back)."""
     times: list[list[float]] = [[] for _ in compiled_programs]
+    rounds: list[list[float]] = []
     started = time.perf_counter()
-    while time.perf_counter() - started < seconds or len(times[0]) < 10:
+    while time.perf_counter() - started < seconds or len(rounds) < 10:
+        medians = []
         for compiled, bucket in zip(compiled_programs, times):
             time.sleep(0.05)
             compiled.run(feeds)
+            block = []
             for _ in range(5):
                 t = time.perf_counter()
                 compiled.run(feeds)
-                bucket.append((time.perf_counter() - t) * 1e3)
-    return [float(np.median(bucket)) for bucket in times]
+                block.append((time.perf_counter() - t) * 1e3)
+            bucket += block
+            medians.append(float(np.median(block)))
+        rounds.append(medians)
+    return [float(np.median(bucket)) for bucket in times], rounds
+
+
+def saving_interval(rounds: list[list[float]], level: float = 0.9) -> tuple[float, float]:
+    """A bootstrap interval (`level`) of the median saving 1 - fused / none over the rounds
+    (each round's two blocks ran back to back, so a slow stretch of the machine slows both)."""
+    savings = np.array([1 - fused / none for fused, none in rounds])
+    rng = np.random.default_rng(0)
+    resampled = np.median(rng.choice(savings, (2000, len(savings))), axis=1)
+    tail = (1 - level) / 2
+    return float(np.quantile(resampled, tail)), float(np.quantile(resampled, 1 - tail))
+
+
+def within(predicted: float, interval: tuple[float, float], factor: float = 1.5) -> bool:
+    """Whether a saving within `factor` of `predicted` lies in the measured interval."""
+    lo, hi = interval
+    least, most = sorted((predicted / factor, predicted * factor))
+    return least <= hi and most >= lo
 
 
 def main(argv: list[str]) -> int:
@@ -124,8 +151,8 @@ def main(argv: list[str]) -> int:
           f"median of repeats, us; programs: median of blocks, ms", flush=True)
     print(f"{'model':24s} {'kernels':>7s} {'spearman':>8s} {'pred ms':>8s} {'meas ms':>8s}"
           + (f" | none: {'pred ms':>8s} {'meas ms':>8s} | saving: {'pred':>6s}"
-             f" {'kernels':>7s} {'ratio':>5s} {'runs':>6s} {'ratio':>5s}"
-             f" | run ms: {'fused':>7s} {'none':>7s}" if saving else ""))
+             f" {'kernels':>7s} {'ratio':>5s} {'runs':>6s} {'ratio':>5s} {'runs 90% CI':>15s}"
+             f" {'1.5x':>4s} | run ms: {'fused':>7s} {'none':>7s}" if saving else ""))
     everything = []
     for name, model in models:
         compiled = ef.compile(model, target=target, backend=backend, threads=threads)
@@ -141,7 +168,8 @@ def main(argv: list[str]) -> int:
                                  budgets=Budgets(iterations=0))
             none_rows = kernel_times(unfused)
             feeds = random_feeds(compiled.plan.inputs, 0)
-            fused_ms, none_ms = program_ms([compiled, unfused], feeds)
+            (fused_ms, none_ms), rounds = program_ms([compiled, unfused], feeds)
+            interval = saving_interval(rounds)
             none_pred, none_meas = sum(r[2] for r in none_rows), sum(r[3] for r in none_rows)
             predicted = 1 - sum(pred) / none_pred
             by_kernels = 1 - sum(meas) / none_meas
@@ -152,8 +180,10 @@ def main(argv: list[str]) -> int:
 
             line += (f" | none: {none_pred / 1e3:8.2f} {none_meas / 1e3:8.2f} | saving: "
                      f"{predicted:6.1%} {by_kernels:7.1%} {ratio(by_kernels):5.2f}"
-                     f" {by_runs:6.1%} {ratio(by_runs):5.2f} | run ms: {fused_ms:7.2f}"
-                     f" {none_ms:7.2f}")
+                     f" {by_runs:6.1%} {ratio(by_runs):5.2f}"
+                     f" [{interval[0]:5.1%}, {interval[1]:5.1%}]"
+                     f" {'yes' if within(predicted, interval) else 'no':>4s}"
+                     f" | run ms: {fused_ms:7.2f} {none_ms:7.2f}")
             del unfused
         print(line, flush=True)
         if "-v" in os.environ.get("BENCH_VERBOSE", ""):
