@@ -7,6 +7,8 @@ onnx.helper, must fuse the same way and the program must match onnxruntime on bo
   form (GPT-2), with Pow(x, 3) or x*x*x: one Gelu in the contraction's kernel.
 - SiLU, x * Sigmoid(x) and x / (1 + exp(-x)): one kernel with its contraction (no new op).
 - GELU after a Reshape of a Gemm (GPT-2's Conv1D): fused with the Gemm.
+- RMSNorm after a residual Add, in four spellings: one row kernel, the residuals in their
+  MatMuls' epilogues.
 - `Report.fusions` counts what was fused.
 """
 
@@ -199,6 +201,51 @@ def test_gelu_after_reshape_of_a_gemm_fuses_with_it(backend):
     model = make_model(head + nodes, [("x", [1, 8, 16])], [("y", [1, 8, 32])], inits)
     compiled = ef.compile(model, backend=backend, numerics="fast")
     assert compute_ops(compiled.report) == [["Gemm", "Gelu"]], compute_ops(compiled.report)
+    assert compiled.verify().ok
+
+
+# ---- RMSNorm after a residual Add (Llama's decoder layer) ----
+
+RMS_SPELLINGS = ["hf-legacy", "div", "reciprocal", "pow-minus-half"]
+
+
+def rmsnorm_after_residual(spelling):
+    """x = x0 + x0 @ W (a residual), y = w * RMSNorm(x), out = x + y @ W2: x is read by the
+    norm's reduction, its epilogue and the second residual."""
+    d = 32
+    inits = {"W": _rand(d, d, seed=1) * 0.2, "W2": _rand(d, d, seed=2) * 0.2,
+             "w": _rand(d, seed=3), "two": f32(2.0), "eps": f32(1e-6), "one": f32(1.0),
+             "mhalf": f32(-0.5)}
+    nodes = [N("MatMul", ["x0", "W"], ["h"]), N("Add", ["x0", "h"], ["x"])]
+    nodes.append(N("Mul", ["x", "x"], ["sq"]) if spelling == "div" else
+                 N("Pow", ["x", "two"], ["sq"]))
+    nodes += [N("ReduceMean", ["sq"], ["m"], axes=[-1], keepdims=1),
+              N("Add", ["m", "eps"], ["v"])]
+    if spelling == "pow-minus-half":
+        nodes += [N("Pow", ["v", "mhalf"], ["r"]), N("Mul", ["x", "r"], ["n"])]
+    elif spelling == "div":
+        nodes += [N("Sqrt", ["v"], ["s"]), N("Div", ["x", "s"], ["n"])]
+    elif spelling == "reciprocal":
+        nodes += [N("Sqrt", ["v"], ["s"]), N("Reciprocal", ["s"], ["r"]),
+                  N("Mul", ["r", "x"], ["n"])]
+    else:                                   # transformers' LlamaRMSNorm, torch's legacy export
+        nodes += [N("Sqrt", ["v"], ["s"]), N("Div", ["one", "s"], ["r"]),
+                  N("Mul", ["x", "r"], ["n"]), N("Cast", ["n"], ["nc"], to=1)]
+    nodes += [N("Mul", ["w", "nc" if spelling == "hf-legacy" else "n"], ["y"]),
+              N("MatMul", ["y", "W2"], ["h2"]), N("Add", ["x", "h2"], ["out"])]
+    return make_model(nodes, [("x0", [1, 16, d])], [("out", [1, 16, d])], inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("spelling", RMS_SPELLINGS)
+def test_rmsnorm_after_a_residual_is_one_row_kernel(backend, spelling):
+    compiled = ef.compile(rmsnorm_after_residual(spelling), backend=backend)
+    ops = compute_ops(compiled.report)
+    # the residual Adds ride in their MatMuls' epilogues; the norm, from x * x to the weight,
+    # is one kernel reading x once (it was four: Add, Pow, ReduceMean.., Mul+Mul)
+    assert len(ops) == 3, ops
+    assert ops[0] == ["MatMul", "Add"] and ops[2] == ["MatMul", "Add"], ops
+    assert ops[1][:2] in (["Mul", "ReduceMean"], ["Pow", "ReduceMean"]) and ops[1][-1] == "Mul", ops
     assert compiled.verify().ok
 
 

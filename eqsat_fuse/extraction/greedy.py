@@ -69,11 +69,13 @@ class GreedyDagExtractor:
 
     A kernel that is paid for anyway costs its consumers nothing (its own body is still chosen
     at its full price): the first pass treats the outputs' kernels so, and up to `rounds`
-    refinements treat every kernel of the program found so (their marginal cost), which lets a
-    class reuse a kernel the program computes anyway, and also the kernel that would
-    materialize a value the program recomputes in several kernels, which lets its readers share
-    it. A refinement is kept when its program cost is lower. Each refinement costs a pass, so it
-    runs on e-graphs of up to `refine_nodes` e-nodes (larger ones get the first pass only).
+    refinements treat so every kernel of the program found that an output or several kernels
+    read (their marginal cost), which lets a class reuse a kernel the program computes anyway,
+    and also the kernel that would materialize the outermost value the program recomputes in
+    several kernels, which lets its readers share it. A kernel with one reader is not paid for
+    anyway: its reader may still compute it in its own body. A refinement is kept when its
+    program cost is lower. Each refinement costs a pass, so it runs on e-graphs of up to
+    `refine_nodes` e-nodes (larger ones get the first pass only).
     """
 
     name = "greedy-dag"
@@ -110,7 +112,7 @@ class GreedyDagExtractor:
             if result is not None and candidate.cost >= result.cost * (1 - 1e-12):
                 break
             result = candidate
-            paid = frozenset(result.kernels) | _materializers(eg, result, graph.parents)
+            paid = _shared_kernels(eg, result, roots) | _materializers(eg, result, graph.parents)
         result.seconds = time.perf_counter() - started
         return result
 
@@ -347,17 +349,49 @@ def _greedy_choice(eg: SerializedEGraph, roots: list[int], best: list[_Option | 
     return choice
 
 
+def _shared_kernels(eg: SerializedEGraph, result: Extraction, roots: list[int]) -> frozenset[int]:
+    """The kernels of `result` that an output or more than one other kernel reads: paid for
+    anyway. A kernel with one reader is not: counting it as paid would keep that reader from
+    ever computing it in its own body (a contraction under the residual Add that reads it)."""
+    readers = {k: int(k in roots) for k in result.kernels}
+    for k in result.kernels:
+        node = eg.nodes[result.choice[k]]
+        body = node.children[0] if node.op == "Mat" else k
+        inline = inline_classes(eg, result.choice, result.constant, body)
+        if not inline:                       # a copy or an alias of a boundary
+            inline, reads = set(), {body}
+        else:
+            reads = {ch for c in inline for ch in eg.nodes[result.choice[c]].children}
+        for ch in reads - inline:
+            if ch in readers and ch != k:
+                readers[ch] += 1
+    return frozenset(k for k, n in readers.items() if n > 1 or k in roots)
+
+
 def _materializers(eg: SerializedEGraph, result: Extraction,
                    parents: list[list[int]]) -> set[int]:
-    """The Mat classes of the values `result` computes inline in more than one kernel."""
+    """The Mat classes of the values `result` computes inline in more than one kernel, the
+    outermost of them: a value that is only ever recomputed inside another recomputed value is
+    left out, since materializing the outer one ends its recomputation too, and its kernel may
+    then compute the inner one (a contraction under a residual Add) in its own body."""
+    bodies: list[set[int]] = []
     seen: dict[int, int] = {}
     for k in result.kernels:
         node = eg.nodes[result.choice[k]]
         body = node.children[0] if node.op == "Mat" else k
-        for c in inline_classes(eg, result.choice, result.constant, body):
+        inline = inline_classes(eg, result.choice, result.constant, body)
+        bodies.append(inline)
+        for c in inline:
             seen[c] = seen.get(c, 0) + 1
-    return {eg.nodes[p].eclass for c, uses in seen.items() if uses > 1
-            for p in parents[c] if eg.nodes[p].op == "Mat"}
+    shared = {c for c, uses in seen.items() if uses > 1}
+    outer: set[int] = set()
+    for inline in bodies:
+        here = shared & inline
+        inner: set[int] = set()
+        for d in here:
+            inner |= inline_classes(eg, result.choice, result.constant, d) - {d}
+        outer |= here - inner
+    return {eg.nodes[p].eclass for c in outer for p in parents[c] if eg.nodes[p].op == "Mat"}
 
 
 class _GreedyGraph:
