@@ -353,6 +353,38 @@ def test_row_reductions_in_lanes(cols, kernel_cache, rng):
     _check(_compile(model, kernel_cache))
 
 
+def _lane_order(x, step, init):
+    """The 16-lane fold of `kernels.row_*` in plain float32 steps: lane k over x[k::16] of the
+    full blocks, the lanes in order, then the tail."""
+    full = len(x) - len(x) % 16
+    lanes = [np.float32(init)] * 16
+    for c in range(full):
+        lanes[c % 16] = step(lanes[c % 16], x[c])
+    total = np.float32(init)
+    for v in lanes + list(x[full:]):
+        total = step(total, v)
+    return total
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 128, 771])
+def test_row_sums_and_max_fold_sixteen_lanes_in_order(n, rng):
+    """The vector folds (`vectors.lane_sum`, `lane_max`) give exactly the lane-order result:
+    the same float32 sum the per-lane loops gave, a NaN anywhere gives NaN."""
+    from eqsat_fuse.backends.numba import kernels as K
+    x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)).astype(np.float32)
+    assert K.row_sum(x, n) == _lane_order(x, lambda a, v: np.float32(a + v), 0.0)
+    assert K.row_max(x, n) == _lane_order(x, lambda a, v: v if (v > a or v != v) else a,
+                                          -np.inf)
+    mean = np.float32(0.25)
+    want = float(np.sum((x.astype(np.float64) - mean) ** 2))
+    assert K.row_sumsq(x, n, mean) == pytest.approx(want, rel=1e-5, abs=1e-30)
+    if n:
+        for at in (0, n - 1, n // 2):
+            y = x.copy()
+            y[at] = np.nan
+            assert np.isnan(K.row_max(y, n)) and np.isnan(K.row_sum(y, n))
+
+
 def test_masked_softmax_rows(kernel_cache, rng):
     """Rows of -3.4e38 (attention masks) and -inf: no NaN where onnxruntime has none."""
     nodes = [helper.make_node("Add", ["x", "mask"], ["m"]),

@@ -18,7 +18,8 @@ from numba.extending import intrinsic
 from ...numerics import RUNTIME_FASTMATH
 from .approx import exp_f32, f16_to_f32
 from .calls import F32_ARRAY, I64, runtime_entry
-from .vectors import LANES, tap_max1, tap_max2, tap_sums1, tap_sums4, transpose16
+from .vectors import (LANES, lane_max, lane_sum, lane_sumsq, tap_max1, tap_max2, tap_sums1,
+                      tap_sums4, transpose16)
 
 U = np.uint64        # unsigned indices: Numba adds no negative-index wraparound, loops vectorize
 # The hand-written runtime is compiled once for both numerics modes
@@ -679,19 +680,12 @@ LANES = 16
 
 
 @njit(**_OPTS)
-def row_max(row, n, part):
-    """max(row[:n]) (-inf for an empty row; NaN if any element is NaN)."""
+def row_max(row, n):
+    """max(row[:n]) of a contiguous row, in 16 lanes (-inf for an empty row; NaN if any
+    element is NaN)."""
     wide_vectors()
     full = n - n % LANES
-    for k in range(LANES):
-        part[k] = np.float32(-np.inf)
-    for c0 in range(0, full, LANES):
-        for k in range(LANES):
-            v = row[U(c0 + k)]
-            part[k] = v if (v > part[k] or v != v) else part[k]
-    best = np.float32(-np.inf)
-    for k in range(LANES):
-        best = part[k] if (part[k] > best or part[k] != part[k]) else best
+    best = lane_max(row.ctypes.data, full // LANES, np.float32(0))
     for c in range(full, n):
         v = row[U(c)]
         best = v if (v > best or v != v) else best
@@ -699,37 +693,22 @@ def row_max(row, n, part):
 
 
 @njit(**_OPTS)
-def row_sum(row, n, part):
-    """sum(row[:n]) in float32, in 16 lanes."""
+def row_sum(row, n):
+    """sum(row[:n]) of a contiguous row in float32, in 16 lanes."""
     wide_vectors()
     full = n - n % LANES
-    for k in range(LANES):
-        part[k] = np.float32(0)
-    for c0 in range(0, full, LANES):
-        for k in range(LANES):
-            part[k] += row[U(c0 + k)]
-    total = np.float32(0)
-    for k in range(LANES):
-        total += part[k]
+    total = lane_sum(row.ctypes.data, full // LANES, np.float32(0))
     for c in range(full, n):
         total += row[U(c)]
     return total
 
 
 @njit(**_OPTS)
-def row_sumsq(row, n, mean, part):
-    """sum((row[:n] - mean)**2) in float32, in 16 lanes."""
+def row_sumsq(row, n, mean):
+    """sum((row[:n] - mean)**2) of a contiguous row in float32, in 16 lanes."""
     wide_vectors()
     full = n - n % LANES
-    for k in range(LANES):
-        part[k] = np.float32(0)
-    for c0 in range(0, full, LANES):
-        for k in range(LANES):
-            d = row[U(c0 + k)] - mean
-            part[k] += d * d
-    total = np.float32(0)
-    for k in range(LANES):
-        total += part[k]
+    total = lane_sumsq(row.ctypes.data, full // LANES, mean)
     for c in range(full, n):
         d = row[U(c)] - mean
         total += d * d

@@ -57,7 +57,6 @@ def gen_rows(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> No
     start = len(code.lines)
     row0 = f"{ws} + p * {code.int_param(stride)}" if parts > 1 else ws
     code.lines.append(f"ROW = WS[{row0}:{row0} + C]")
-    code.lines.append("PART = np.empty(K.LANES, np.float32)")
     code.lines.append("for r in range(R):")
     hoist: list[str] = []
     values: dict[int, str] = {}
@@ -121,14 +120,14 @@ def _row_statistics(e: Emitter, node: BodyNode, cols_shape) -> str:
     normalized value at column c."""
     code = e.code
     if node.op == "Softmax":
-        code.lines.append("    mx = K.row_max(ROW, C, PART)")
+        code.lines.append("    mx = K.row_max(ROW, C)")
         code.lines.append("    mx = F32(0) if mx == F32(-np.inf) else mx")
         code.lines.append("    K.exp_shift(ROW, C, mx)")
-        code.lines.append("    inv = F32(1) / K.row_sum(ROW, C, PART)")
+        code.lines.append("    inv = F32(1) / K.row_sum(ROW, C)")
         return "ROW[c] * inv"
     eps = flit(node.attrs["epsilon"])
-    code.lines.append("    mean = K.row_sum(ROW, C, PART) / F32(C)")
-    code.lines.append("    q = K.row_sumsq(ROW, C, mean, PART)")
+    code.lines.append("    mean = K.row_sum(ROW, C) / F32(C)")
+    code.lines.append("    q = K.row_sumsq(ROW, C, mean)")
     code.lines.append(f"    inv = F32(1) / np.sqrt(q / F32(C) + {eps})")
     # scale and bias: vectors over the normalized dims
     sc = row_vector(e, node.args[1], cols_shape)
