@@ -340,7 +340,7 @@ def test_wide_max_pools_take_their_inside_columns_in_vectors(attrs, kernel_cache
     np.testing.assert_array_equal(got, reference)
 
 
-@pytest.mark.parametrize("cols", [1, 15, 16, 17, 100])
+@pytest.mark.parametrize("cols", [1, 15, 16, 17, 100, 20000])   # 20000: past ROW_FOLD_MAX
 def test_row_reductions_in_lanes(cols, kernel_cache, rng):
     nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=-1),
              helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1,
