@@ -194,6 +194,11 @@ class Emitter:
         name = f"x{self.load_count}"
         self.load_count += 1
         base = self.row_base(table, row_var)
+        if base.startswith("G[") and hoist is not None and col_var is not None:
+            # a row's base from the table, once a row: read inside the column loop it is
+            # loaded at every column (G may alias the output), which keeps the loop scalar
+            hoist.append(f"{name}b = {base}")
+            base = f"{name}b"
         if cs == 0:
             index = base
         elif cs == 1:
