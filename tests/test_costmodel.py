@@ -237,15 +237,19 @@ def _one_kernel(model, target):
     return kernel
 
 
+def _cpu_without_and_with(tmp_path, key: str, value: float):
+    """The shipped cpu.toml without `key`, and with `key = value`: two cost files."""
+    text = cost_model_file("cpu").read_text()
+    without, with_ = tmp_path / f"no-{key}.toml", tmp_path / f"{key}.toml"
+    without.write_text(re.sub(rf"^{key} = .*$", "", text, flags=re.M))
+    with_.write_text(re.sub(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.M))
+    return without, with_
+
+
 def test_a_depthwise_convolution_pays_for_reordering_its_input(tmp_path):
     """depthwise_input_gbs charges a depthwise Conv per byte of its input (a stride-2 one reads
     four inputs an output); a dense Conv of the same shape is not charged."""
-    text = cost_model_file("cpu").read_text()
-    plain = tmp_path / "plain.toml"
-    plain.write_text(re.sub(r"^depthwise_input_gbs = .*$", "", text, flags=re.M))
-    slow = tmp_path / "slow.toml"
-    slow.write_text(re.sub(r"^depthwise_input_gbs = .*$", "depthwise_input_gbs = 1.0", text,
-                           flags=re.M))
+    plain, slow = _cpu_without_and_with(tmp_path, "depthwise_input_gbs", 1.0)
     input_bytes = 4 * 32 * 28 * 28
     for stride in (1, 2):
         depthwise = _conv_model(32, 28, stride, 32, [])
@@ -261,12 +265,7 @@ def test_an_epilogue_pays_one_pass_over_the_contractions_output(tmp_path):
     """epilogue_pass_gbs: a Conv's epilogue (Relu, then Neg) costs one pass over the output,
     read and written, whatever the number of its ops; a Conv alone, a Conv whose Relu runs as
     a kernel of its own, and an elementwise kernel pay none."""
-    text = cost_model_file("cpu").read_text()
-    none_ = tmp_path / "none.toml"
-    none_.write_text(re.sub(r"^epilogue_pass_gbs = .*$", "", text, flags=re.M))
-    slow = tmp_path / "slow.toml"
-    slow.write_text(re.sub(r"^epilogue_pass_gbs = .*$", "epilogue_pass_gbs = 100.0", text,
-                           flags=re.M))
+    none_, slow = _cpu_without_and_with(tmp_path, "epilogue_pass_gbs", 100.0)
     out_bytes = 4 * 8 * 16 * 16
     for tail in (["Relu"], ["Relu", "Neg"]):
         model = _conv_model(8, 16, 1, 1, tail)
@@ -291,7 +290,6 @@ def test_an_epilogue_pays_one_pass_over_the_contractions_output(tmp_path):
     chain = make_model(nodes, [("x", [8, 256])], [("y", [8, 256])])
     assert _one_kernel(chain, slow).predicted_us == pytest.approx(
         _one_kernel(chain, none_).predicted_us)
-    bad = tmp_path / "bad.toml"
-    bad.write_text(re.sub(r"^epilogue_pass_gbs = .*$", "epilogue_pass_gbs = 0", text, flags=re.M))
+    _, bad = _cpu_without_and_with(tmp_path, "epilogue_pass_gbs", 0)
     with pytest.raises(ef.CostModelError, match="memory.epilogue_pass_gbs must be greater"):
         load_cost_model(bad)
