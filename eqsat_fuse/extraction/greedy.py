@@ -112,7 +112,9 @@ class GreedyDagExtractor:
             if result is not None and candidate.cost >= result.cost * (1 - 1e-12):
                 break
             result = candidate
-            paid = _shared_kernels(eg, result, roots) | _materializers(eg, result, graph.parents)
+            bodies = _kernel_bodies(eg, result)
+            paid = (_shared_kernels(eg, result, roots, bodies)
+                    | _materializers(eg, result, graph.parents, bodies))
         result.seconds = time.perf_counter() - started
         return result
 
@@ -349,43 +351,46 @@ def _greedy_choice(eg: SerializedEGraph, roots: list[int], best: list[_Option | 
     return choice
 
 
-def _shared_kernels(eg: SerializedEGraph, result: Extraction, roots: list[int]) -> frozenset[int]:
+def _kernel_bodies(eg: SerializedEGraph, result: Extraction) -> dict[int, tuple[int, set[int]]]:
+    """Each kernel of `result`: the root of its body and the classes the body computes inline."""
+    bodies = {}
+    for k in result.kernels:
+        node = eg.nodes[result.choice[k]]
+        body = node.children[0] if node.op == "Mat" else k
+        bodies[k] = body, inline_classes(eg, result.choice, result.constant, body)
+    return bodies
+
+
+def _shared_kernels(eg: SerializedEGraph, result: Extraction, roots: list[int],
+                    bodies: dict[int, tuple[int, set[int]]]) -> frozenset[int]:
     """The kernels of `result` that an output or more than one other kernel reads: paid for
     anyway. A kernel with one reader is not: counting it as paid would keep that reader from
     ever computing it in its own body (a contraction under the residual Add that reads it)."""
     readers = {k: int(k in roots) for k in result.kernels}
-    for k in result.kernels:
-        node = eg.nodes[result.choice[k]]
-        body = node.children[0] if node.op == "Mat" else k
-        inline = inline_classes(eg, result.choice, result.constant, body)
-        if not inline:                       # a copy or an alias of a boundary
-            inline, reads = set(), {body}
-        else:
-            reads = {ch for c in inline for ch in eg.nodes[result.choice[c]].children}
-        for ch in reads - inline:
+    for k, (body, inline) in bodies.items():
+        if inline:
+            reads = {ch for c in inline for ch in eg.nodes[result.choice[c]].children} - inline
+        else:                                # a copy or an alias of a boundary
+            reads = {body}
+        for ch in reads:
             if ch in readers and ch != k:
                 readers[ch] += 1
     return frozenset(k for k, n in readers.items() if n > 1 or k in roots)
 
 
-def _materializers(eg: SerializedEGraph, result: Extraction,
-                   parents: list[list[int]]) -> set[int]:
+def _materializers(eg: SerializedEGraph, result: Extraction, parents: list[list[int]],
+                   bodies: dict[int, tuple[int, set[int]]]) -> set[int]:
     """The Mat classes of the values `result` computes inline in more than one kernel, the
     outermost of them: a value that is only ever recomputed inside another recomputed value is
     left out, since materializing the outer one ends its recomputation too, and its kernel may
     then compute the inner one (a contraction under a residual Add) in its own body."""
-    bodies: list[set[int]] = []
     seen: dict[int, int] = {}
-    for k in result.kernels:
-        node = eg.nodes[result.choice[k]]
-        body = node.children[0] if node.op == "Mat" else k
-        inline = inline_classes(eg, result.choice, result.constant, body)
-        bodies.append(inline)
+    for _, inline in bodies.values():
         for c in inline:
             seen[c] = seen.get(c, 0) + 1
     shared = {c for c, uses in seen.items() if uses > 1}
     outer: set[int] = set()
-    for inline in bodies:
+    for _, inline in bodies.values():
         here = shared & inline
         inner: set[int] = set()
         for d in here:
