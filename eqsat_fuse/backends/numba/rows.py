@@ -52,10 +52,8 @@ def gen_rows(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> No
     code.lines.append(f"R = {code.int_param(R)}")
     code.lines.append(f"C = {code.int_param(C)}")
     parts = row_parts(e, R, R * C)
-    stride = -(-C // 16) * 16 + 16         # each part's row starts whole cache lines apart
-    ws = e.alloc(stride * parts)
+    row0 = row_buffer(e, C, parts)
     start = len(code.lines)
-    row0 = f"{ws} + p * {code.int_param(stride)}" if parts > 1 else ws
     code.lines.append(f"ROW = WS[{row0}:{row0} + C]")
     code.lines.append("for r in range(R):")
     hoist: list[str] = []
@@ -96,6 +94,14 @@ def row_parts(e: Emitter, rows: int, numel: int) -> int:
     if threads == 1 or numel < PARALLEL_MIN_ROW_ELEMENTS or rows < 2 * threads:
         return 1
     return threads
+
+
+def row_buffer(e: Emitter, cols: int, parts: int) -> str:
+    """Workspace for one row of `cols` floats per part; the expression of this part's row
+    start in WS (indexed by the part `p` of `share_rows` when there are several)."""
+    stride = -(-cols // 16) * 16 + 16      # each part's row starts whole cache lines apart
+    ws = e.alloc(stride * parts)
+    return f"{ws} + p * {e.code.int_param(stride)}" if parts > 1 else ws
 
 
 def share_rows(e: Emitter, start: int, parts: int, rows: int) -> None:
@@ -222,11 +228,7 @@ def gen_reduce(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> 
                            hoist_e)
     last = values_e[e.root]
     parts = row_parts(e, R, R * C)
-    row0 = None
-    if C <= ROW_FOLD_MAX:
-        stride = -(-C // 16) * 16 + 16     # each part's row starts whole cache lines apart
-        ws = e.alloc(stride * parts)
-        row0 = f"{ws} + p * {code.int_param(stride)}" if parts > 1 else ws
+    row0 = row_buffer(e, C, parts) if C <= ROW_FOLD_MAX else None
     start = len(code.lines)
     _lane_sum(code.lines, hoist, pro, xval, mean, row0)
     code.lines += ["    " + h for h in hoist_e]
