@@ -26,6 +26,35 @@ _I64 = ir.IntType(64)
 _MASK = ir.VectorType(ir.IntType(32), LANES)        # a shuffle's lane indices
 
 
+def _counted_loop(builder, count, inits: list, step, name: str) -> list:
+    """The IR of `for i in range(count): values = step(i, values)` from `inits` (a list of
+    LLVM values; `step` builds the loop body and returns the new values in the same order);
+    returns the values after the loop, `inits` when count <= 0."""
+    start = builder.block
+    loop = builder.append_basic_block(f"{name}.loop")
+    done = builder.append_basic_block(f"{name}.done")
+    builder.cbranch(builder.icmp_signed(">", count, ir.Constant(_I64, 0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(_I64)
+    values = [builder.phi(v.type) for v in inits]
+    new = step(i, values)
+    i1 = builder.add(i, ir.Constant(_I64, 1))
+    end = builder.block
+    builder.cbranch(builder.icmp_signed("<", i1, count), loop, done)
+    i.add_incoming(ir.Constant(_I64, 0), start)
+    i.add_incoming(i1, end)
+    for value, init, updated in zip(values, inits, new):
+        value.add_incoming(init, start)
+        value.add_incoming(updated, end)
+    builder.position_at_end(done)
+    finals = []
+    for init, updated in zip(inits, new):
+        finals.append(builder.phi(init.type))
+        finals[-1].add_incoming(init, start)
+        finals[-1].add_incoming(updated, end)
+    return finals
+
+
 def _tap_sums(pixels: int):
     """The intrinsic `f(out, x, w, offs, taps, step)` on integer addresses: for p < `pixels`,
     out[16p : 16p + 16] = sum over t < taps of w[16t : 16t + 16] * x[offs[t] + p*step : +16]
@@ -47,35 +76,19 @@ def _tap_sums(pixels: int):
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fma.v16f32")
             zero = ir.Constant(_V16, [0.0] * LANES)
-            start = builder.block
-            loop = builder.append_basic_block("taps.loop")
-            done = builder.append_basic_block("taps.done")
-            builder.cbranch(builder.icmp_signed(">", taps_v, ir.Constant(_I64, 0)), loop, done)
-            builder.position_at_end(loop)
-            t = builder.phi(_I64)
-            accs = [builder.phi(_V16) for _ in range(pixels)]
-            off = builder.load(builder.gep(offs_p, [t]))
-            wv = builder.load(builder.bitcast(
-                builder.gep(w_p, [builder.mul(t, ir.Constant(_I64, LANES))]), vptr), align=4)
-            new = []
-            for p, acc in enumerate(accs):
-                at = builder.add(off, builder.mul(step_v, ir.Constant(_I64, p)))
-                xv = builder.load(builder.bitcast(builder.gep(x_p, [at]), vptr), align=4)
-                new.append(builder.call(fma, [wv, xv, acc]))
-            t1 = builder.add(t, ir.Constant(_I64, 1))
-            end = builder.block
-            builder.cbranch(builder.icmp_signed("<", t1, taps_v), loop, done)
-            t.add_incoming(ir.Constant(_I64, 0), start)
-            t.add_incoming(t1, end)
-            for acc, value in zip(accs, new):
-                acc.add_incoming(zero, start)
-                acc.add_incoming(value, end)
-            builder.position_at_end(done)
-            finals = []
-            for value in new:
-                finals.append(builder.phi(_V16))
-                finals[-1].add_incoming(zero, start)
-                finals[-1].add_incoming(value, end)
+
+            def tap(t, accs):
+                off = builder.load(builder.gep(offs_p, [t]))
+                wv = builder.load(builder.bitcast(
+                    builder.gep(w_p, [builder.mul(t, ir.Constant(_I64, LANES))]), vptr), align=4)
+                new = []
+                for p, acc in enumerate(accs):
+                    at = builder.add(off, builder.mul(step_v, ir.Constant(_I64, p)))
+                    xv = builder.load(builder.bitcast(builder.gep(x_p, [at]), vptr), align=4)
+                    new.append(builder.call(fma, [wv, xv, acc]))
+                return new
+
+            finals = _counted_loop(builder, taps_v, [zero] * pixels, tap, "taps")
             for p, final in enumerate(finals):
                 dst = builder.gep(out_p, [ir.Constant(_I64, LANES * p)])
                 builder.store(final, builder.bitcast(dst, vptr), align=4)
@@ -186,32 +199,19 @@ def _tap_max(step: int):
                 last = builder.sub(builder.mul(n_v, ir.Constant(_I64, 2)), ir.Constant(_I64, 1))
                 masks = [_lanes_below(builder, last),
                          _lanes_below(builder, builder.sub(last, ir.Constant(_I64, LANES)))]
-            start = builder.block
-            loop = builder.append_basic_block("max.loop")
-            done = builder.append_basic_block("max.done")
-            builder.cbranch(builder.icmp_signed(">", taps_v, ir.Constant(_I64, 0)), loop, done)
-            builder.position_at_end(loop)
-            t = builder.phi(_I64)
-            acc = builder.phi(_V16)
-            at = builder.gep(x_p, [builder.load(builder.gep(offs_p, [t]))])
-            parts = [builder.call(load, [builder.bitcast(builder.gep(
-                at, [ir.Constant(_I64, LANES * h)]), vptr), align, m, zero])
-                for h, m in enumerate(masks)]
-            v = parts[0] if step == 1 else builder.shuffle_vector(
-                parts[0], parts[1], ir.Constant(_MASK, list(range(0, 2 * LANES, 2))))
-            v = builder.select(builder.fcmp_ordered("ord", v, v), v, lowest)
-            new = builder.select(builder.fcmp_ordered(">", v, acc), v, acc)
-            t1 = builder.add(t, ir.Constant(_I64, 1))
-            end = builder.block
-            builder.cbranch(builder.icmp_signed("<", t1, taps_v), loop, done)
-            t.add_incoming(ir.Constant(_I64, 0), start)
-            t.add_incoming(t1, end)
-            acc.add_incoming(ir.Constant(_V16, [float("-inf")] * LANES), start)
-            acc.add_incoming(new, end)
-            builder.position_at_end(done)
-            final = builder.phi(_V16)
-            final.add_incoming(ir.Constant(_V16, [float("-inf")] * LANES), start)
-            final.add_incoming(new, end)
+
+            def tap(t, accs):
+                at = builder.gep(x_p, [builder.load(builder.gep(offs_p, [t]))])
+                parts = [builder.call(load, [builder.bitcast(builder.gep(
+                    at, [ir.Constant(_I64, LANES * h)]), vptr), align, m, zero])
+                    for h, m in enumerate(masks)]
+                v = parts[0] if step == 1 else builder.shuffle_vector(
+                    parts[0], parts[1], ir.Constant(_MASK, list(range(0, 2 * LANES, 2))))
+                v = builder.select(builder.fcmp_ordered("ord", v, v), v, lowest)
+                return [builder.select(builder.fcmp_ordered(">", v, accs[0]), v, accs[0])]
+
+            final, = _counted_loop(builder, taps_v, [ir.Constant(_V16, [float("-inf")] * LANES)],
+                                   tap, "max")
             builder.call(store, [final, builder.bitcast(builder.inttoptr(out_a, fptr), vptr),
                                  align, _lanes_below(builder, n_v)])
             return context.get_dummy_value()
@@ -258,33 +258,18 @@ def _lane_fold(kind: str):
                 return builder.or_(builder.fcmp_ordered(">", v, acc),
                                    builder.fcmp_unordered("uno", v, v))
 
-            start = builder.block
-            loop = builder.append_basic_block("fold.loop")
-            done = builder.append_basic_block("fold.done")
-            builder.cbranch(builder.icmp_signed(">", blocks_v, ir.Constant(_I64, 0)), loop, done)
-            builder.position_at_end(loop)
-            b = builder.phi(_I64)
-            acc = builder.phi(_V16)
-            at = builder.gep(row_p, [builder.mul(b, ir.Constant(_I64, LANES))])
-            v = builder.load(builder.bitcast(at, vptr), align=4)
-            if kind == "sum":
-                new = builder.fadd(acc, v)
-            elif kind == "sumsq":
-                d = builder.fsub(v, splat)
-                new = builder.call(fma, [d, d, acc])
-            else:
-                new = builder.select(take(v, acc), v, acc)
-            b1 = builder.add(b, ir.Constant(_I64, 1))
-            end = builder.block
-            builder.cbranch(builder.icmp_signed("<", b1, blocks_v), loop, done)
-            b.add_incoming(ir.Constant(_I64, 0), start)
-            b.add_incoming(b1, end)
-            acc.add_incoming(first, start)
-            acc.add_incoming(new, end)
-            builder.position_at_end(done)
-            final = builder.phi(_V16)
-            final.add_incoming(first, start)
-            final.add_incoming(new, end)
+            def block(b, accs):
+                acc, = accs
+                at = builder.gep(row_p, [builder.mul(b, ir.Constant(_I64, LANES))])
+                v = builder.load(builder.bitcast(at, vptr), align=4)
+                if kind == "sum":
+                    return [builder.fadd(acc, v)]
+                if kind == "sumsq":
+                    d = builder.fsub(v, splat)
+                    return [builder.call(fma, [d, d, acc])]
+                return [builder.select(take(v, acc), v, acc)]
+
+            final, = _counted_loop(builder, blocks_v, [first], block, "fold")
             total = ir.Constant(_F32, init)
             for k in range(LANES):
                 lane = builder.extract_element(final, ir.Constant(ir.IntType(32), k))
