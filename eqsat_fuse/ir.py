@@ -68,6 +68,8 @@ class Graph:
     nodes_added_by_conversion: int = 0   # nodes the opset upgrade added (or removed, if < 0)
     # seconds per import step: read, check, convert, infer (shape inference), fold, normalize
     import_seconds: dict[str, float] = field(default_factory=dict)
+    # open input dims: the symbolic signature (shapes hold `dims.Dim`s; see `signature`)
+    signature: Any = None
 
 
 # ---- kernels -----------------------------------------------------------------------------------

@@ -40,10 +40,12 @@ from onnx import numpy_helper
 
 from ..errors import ModelError
 from ..ir import CANONICAL_OPSET, Graph, Node, TensorInfo
+from ..signature import Signature
 from .folding import MAX_FOLDED_BYTES, _constant_node_value, _fold_shape_computations
 from .normalize import FAN_IN, MAX_INPUTS, _Context, _normalize, _split_wide
 from .protos import is_held
 from .reading import _check_topology, _read
+from .symbolic import has_open_dims, infer_symbolic
 from .shapes import (MAX_TENSOR_BYTES, _refuse_huge, _require_static, _resize_error,
                      _set_input_shapes, _static_shapes, with_input_shapes)
 
@@ -127,7 +129,10 @@ def _import_model(model: str | Path | onnx.ModelProto,
     # down (Opaque nodes must then run under it, e.g. Cast's round_mode exists from opset 24).
     opset = max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     try:
-        graph = _static_graph(proto, held, name, opset, source_opset, file_nodes, seconds)
+        if has_open_dims(proto):
+            graph = _symbolic_graph(proto, held, name, opset, source_opset, file_nodes, seconds)
+        else:
+            graph = _static_graph(proto, held, name, opset, source_opset, file_nodes, seconds)
     except ModelError as exc:
         if not resized:
             raise
@@ -198,6 +203,69 @@ def _static_graph(proto: onnx.ModelProto, held: dict[str, np.ndarray], name: str
         inputs=inputs, outputs=outputs, opset=opset, source_opset=source_opset,
         opaque_ops=sorted({n.onnx_node.op_type for n in nodes if n.op == "Opaque"}),
         onnx_nodes=onnx_nodes)
+
+
+def _symbolic_graph(proto: onnx.ModelProto, held: dict[str, np.ndarray], name: str, opset: int,
+                    source_opset: int, onnx_nodes: int, seconds: dict[str, float]) -> Graph:
+    """Steps 4 to 6 on a model with open input dims: symbolic shape inference (`symbolic`), the
+    shape subgraphs folded into dim expressions, normalize the data nodes, drop dead nodes.
+    Values the program reads that depend on the symbols alone become derived inputs, which a
+    run computes once per concrete shape (`signature.Signature.derive`)."""
+    start = time.perf_counter()
+    found = infer_symbolic(proto, held, name)
+    seconds["infer"] = time.perf_counter() - start
+    graph = proto.graph
+    infos = found.infos
+    real_inputs = [vi.name for vi in graph.input if vi.name not in found.constants]
+    outputs = [vo.name for vo in graph.output]
+    compile_time = {**found.constants, **found.shape_values}
+    ctx = _Context(infos, compile_time, name,
+                   {v for n in graph.node for v in [*n.input, *n.output]} | set(real_inputs))
+    nodes: list[Node] = []
+    for onnx_node in found.data_nodes:
+        for part in _split_wide(onnx_node, ctx):
+            nodes.extend(_normalize(part, ctx))
+    # an output computed from symbols alone is computed per shape, like a derived input
+    nodes = _live_nodes(nodes, outputs)
+    used = {i for n in nodes for i in n.inputs if i} | set(outputs)
+    for node in nodes:
+        if node.op == "Opaque":
+            _check_runnable(node.onnx_node, name)
+            used.update(i for i in node.onnx_node.input if i)
+    derived = sorted(v for v in used if v in found.shape_values or v in found.derived)
+    recipe = _recipe(found, derived)
+    signature = Signature(
+        inputs={v: infos[v].shape for v in real_inputs}, derived=derived,
+        shape_values=found.shape_values, recipe=recipe,
+        constants={i: found.constants[i] for n in recipe for i in n.input
+                   if i in found.constants},
+        constraints=found.constraints, opset_imports=list(proto.opset_import),
+        symbols=found.symbols)
+    constant_outputs = [o for o in outputs if o in found.constants]
+    if constant_outputs:
+        raise ModelError(f"{name}: outputs {constant_outputs} are constants; a model with open "
+                         f"dims must compute its outputs from its inputs")
+    seconds["normalize"] = time.perf_counter() - start - seconds["infer"]
+    return Graph(
+        name=name, nodes=nodes,
+        values={v: infos[v] for v in used | set(real_inputs) | {o for n in nodes
+                                                                 for o in n.outputs}
+                if v in infos},
+        initializers={k: v for k, v in found.constants.items() if k in used},
+        inputs=real_inputs + derived, outputs=outputs, opset=opset, source_opset=source_opset,
+        opaque_ops=sorted({n.onnx_node.op_type for n in nodes if n.op == "Opaque"}),
+        onnx_nodes=onnx_nodes, signature=signature)
+
+
+def _recipe(found, derived: list[str]) -> list[onnx.NodeProto]:
+    """The nodes that compute the derived inputs from symbols alone, in order."""
+    needed = {v for v in derived if v in found.derived}
+    recipe = []
+    for node in reversed(found.derived_order):
+        if any(o in needed for o in node.output):
+            recipe.append(node)
+            needed.update(i for i in node.input if i in found.derived)
+    return recipe[::-1]
 
 
 def _check_runnable(node: onnx.NodeProto, name: str) -> None:

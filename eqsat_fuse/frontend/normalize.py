@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ..dims import dim, has_dims
 from ..errors import ModelError
 from ..ir import Node, TensorInfo
 from ..ops import OPS
@@ -258,7 +259,8 @@ def _norm_static_shape(op: str) -> Callable:
         ctx.constant(node, 1, "shape")
         shape = list(ctx.info(node.output[0]).shape)
         before = list(ctx.info(node.input[0]).shape)
-        if op == "Reshape" and math.prod(before) != math.prod(shape):
+        if op == "Reshape" and not has_dims([before, shape]) and \
+                math.prod(before) != math.prod(shape):
             # onnx's shape inference lets a constant target shape through unchecked
             raise ModelError(f"{ctx.model}: node {node.name or node.op_type!r} (Reshape) cannot "
                              f"reshape {before} ({math.prod(before)} elements) to {shape} "
@@ -315,8 +317,8 @@ def _norm_slice(node, ctx: _Context):
     n = len(starts)
     axes = list(range(n)) if axes is None else [_axis(int(v), rank) for v in axes]
     steps = [1] * n if steps is None else [int(v) for v in steps]
-    return "Slice", [node.input[0]], dict(starts=[int(v) for v in starts],
-                                          ends=[int(v) for v in ends], axes=axes, steps=steps)
+    return "Slice", [node.input[0]], dict(starts=[dim(v) for v in starts],
+                                          ends=[dim(v) for v in ends], axes=axes, steps=steps)
 
 
 def _norm_gather(node, ctx: _Context):

@@ -53,19 +53,13 @@ def _given_dims(value: Any, input_name: str, name: str) -> list[int]:
     return dims
 
 
-def _shape_hint(dims: list[int | str]) -> list[int]:
-    """A static shape of the same rank to suggest for a dynamic input: its static dims as they
-    are, 1 for a dynamic first (batch) dim, 128 for any other dynamic dim."""
-    return [d if isinstance(d, int) else (1 if axis == 0 else 128) for axis, d in enumerate(dims)]
-
-
 def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None,
                       name: str) -> list[tuple[str, list, list[int]]]:
-    """Give the inputs their shapes (declared, or from `input_shapes`); refuse dynamic dims left
-    open, naming every such input. An input given a size other than a static one it declares is
-    re-sized, as onnxsim's --overwrite-input-shape does: the shapes inferred from the old size
-    (value_info, output dims) are dropped, to be inferred again. Returns the re-sized inputs as
-    (name, declared dims, new dims)."""
+    """Give the inputs their shapes (declared, or from `input_shapes`); dims left open stay
+    open (symbolic import, `symbolic`). An input given a size other than a static one it
+    declares is re-sized, as onnxsim's --overwrite-input-shape does: the shapes inferred from
+    the old size (value_info, output dims) are dropped, to be inferred again. Returns the
+    re-sized inputs as (name, declared dims, new dims)."""
     initializers = {t.name for t in proto.graph.initializer}
     given = dict(input_shapes or {})
     real_inputs = [vi for vi in proto.graph.input if vi.name not in initializers]
@@ -73,7 +67,7 @@ def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int,
     if unknown:
         raise ModelError(f"{name}: input_shapes names {sorted(unknown)}, which are not inputs of "
                          f"the model (its inputs: {[vi.name for vi in real_inputs]})")
-    resized, dynamic = [], []
+    resized = []
     for vi in real_inputs:
         ttype = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
@@ -95,17 +89,6 @@ def _set_input_shapes(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int,
         if not ttype.HasField("shape"):
             raise ModelError(f"{name}: input {vi.name!r} has no declared shape; give it with "
                              f"input_shapes={{{vi.name!r}: (...)}} (--input-shape on the CLI)")
-        if any(not d.HasField("dim_value") for d in ttype.shape.dim):
-            dynamic.append((vi.name, _declared_dims(vi)))
-    if dynamic:
-        which = " and ".join(f"{n!r} {dims}" for n, dims in dynamic)
-        hints = {n: _shape_hint(dims) for n, dims in dynamic}
-        flags = " ".join(f"{n}={','.join(map(str, dims))}" for n, dims in hints.items())
-        python = ", ".join(f"{n!r}: {tuple(dims)}" for n, dims in hints.items())
-        raise ModelError(f"{name}: input{'s' if len(dynamic) > 1 else ''} {which} "
-                         f"{'have' if len(dynamic) > 1 else 'has'} dynamic shape; eqsat-fuse "
-                         f"compiles for static shapes: give them with --input-shape {flags} "
-                         f"(input_shapes={{{python}}} in Python)")
     if resized:
         del proto.graph.value_info[:]
         for vo in proto.graph.output:
@@ -278,7 +261,8 @@ def _require_static(value: str, infos: dict[str, TensorInfo], name: str,
         return
     where = f" (output of node {node.name or node.op_type!r}, {node.op_type})" if node else ""
     raise ModelError(f"{name}: value {value!r}{where} has no static shape after ONNX shape "
-                     f"inference and constant folding; eqsat-fuse compiles static shapes only")
+                     f"inference and constant folding (it depends on the input data); eqsat-fuse "
+                     f"compiles values whose shape is known before a run")
 
 
 def _refuse_huge(infos: dict[str, TensorInfo], name: str) -> None:

@@ -1,0 +1,121 @@
+"""The symbolic signature of a shape-generic program: which input dims are symbols, how a run's
+feeds bind them, and the values the program reads that depend on the symbols alone.
+
+`frontend.symbolic` finds these at import; the compiled program (`compiled.ShapeGeneric`)
+keeps a `Signature` and, for each run, binds the symbols from the feeds' shapes (`bind`:
+a feed that disagrees with another on a shared symbol is refused, naming both), and computes the
+derived inputs for that binding (`derive`: shape values such as a Reshape target fed as data, a
+causal mask, the positions of a Range), once per concrete shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .dims import bare_symbol, evaluate, is_symbolic, shape_str
+from .errors import EqsatFuseError
+
+
+class BindError(EqsatFuseError):
+    """A run's feeds do not fit the symbolic signature."""
+
+
+@dataclass
+class Signature:
+    inputs: dict[str, tuple]                    # each real input's shape: ints and Dims
+    derived: list[str] = field(default_factory=list)   # inputs the program computes per shape
+    shape_values: dict[str, np.ndarray] = field(default_factory=dict)  # object arrays of dims
+    recipe: list[Any] = field(default_factory=list)    # onnx NodeProtos over symbols alone
+    constants: dict[str, np.ndarray] = field(default_factory=dict)     # what the recipe reads
+    constraints: list[tuple] = field(default_factory=list)   # (dim, allowed values, why)
+    opset_imports: list[Any] = field(default_factory=list)
+    symbols: dict[str, str] = field(default_factory=dict)    # symbol -> where it comes from
+    representative: dict[str, int] = field(default_factory=dict)   # what extraction priced
+
+    @property
+    def symbolic(self) -> bool:
+        return bool(self.symbols)
+
+    def bind(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+        """The symbols' values given each input's concrete shape, or `BindError`."""
+        binding: dict[str, int] = {}
+        seen: dict[str, str] = {}
+        for name, shape in self.inputs.items():
+            fed = shapes[name]
+            if len(fed) != len(shape):
+                raise BindError(f"input {name!r} has rank {len(shape)} {shape_str(shape)}, "
+                                f"fed an array of shape {list(fed)}")
+            for axis, d in enumerate(shape):
+                s = bare_symbol(d)
+                if s is None:
+                    continue
+                if s in binding and binding[s] != int(fed[axis]):
+                    raise BindError(f"inputs {seen[s]} and {name!r} (dim {axis}) share the "
+                                    f"symbol {s!r}, but are fed {binding[s]} and {fed[axis]}")
+                binding.setdefault(s, int(fed[axis]))
+                seen.setdefault(s, f"{name!r} (dim {axis})")
+        missing = set(self.symbols) - set(binding)
+        if missing:
+            raise BindError(f"no input dim gives the value of {sorted(missing)}")
+        for name, shape in self.inputs.items():
+            for axis, d in enumerate(shape):
+                want = evaluate(d, binding)
+                if want != int(shapes[name][axis]):
+                    what = f"{d} = {want}" if is_symbolic(d) else str(want)
+                    raise BindError(f"input {name!r} dim {axis} must be {what}, but is fed "
+                                    f"{shapes[name][axis]}")
+        for d, allowed, why in self.constraints:
+            value = evaluate(d, binding)
+            options = {evaluate(a, binding) for a in allowed}
+            if value not in options:
+                raise BindError(f"the dim {d} is {value} for these inputs, but must be "
+                                f"{' or '.join(map(str, sorted(options)))} ({why})")
+        return binding
+
+    def derive(self, binding: dict[str, int]) -> dict[str, np.ndarray]:
+        """The derived inputs' values for one binding."""
+        values: dict[str, np.ndarray] = {}
+
+        def value(name: str) -> np.ndarray | None:
+            if name == "":
+                return None
+            if name in values:
+                return values[name]
+            if name in self.shape_values:
+                array = self.shape_values[name]
+                values[name] = np.array([evaluate(d, binding) for d in array.reshape(-1)],
+                                        dtype=np.int64).reshape(array.shape)
+                return values[name]
+            return self.constants[name]
+
+        if self.recipe:
+            from .backends.reference import run_node
+            for node in self.recipe:
+                outputs = run_node(node, [value(i) for i in node.input], self.opset_imports)
+                values.update((o, np.asarray(v)) for o, v in zip(node.output, outputs) if o)
+        return {name: value(name) for name in self.derived}
+
+    def describe(self) -> dict:
+        """The signature as the report shows it."""
+        return {"inputs": {n: [str(d) for d in s] for n, s in self.inputs.items()},
+                "symbols": dict(self.symbols), "representative": dict(self.representative)}
+
+
+def representative_binding(signature: Signature, given: dict[str, int] | None) -> dict[str, int]:
+    """The binding extraction prices: `given` ({symbol: value}), and for every other symbol 1
+    where it is first seen as an input's leading (batch) dim, 128 elsewhere."""
+    given = dict(given or {})
+    unknown = set(given) - set(signature.symbols)
+    if unknown:
+        raise BindError(f"dims {sorted(unknown)} are not symbols of the model (its symbols: "
+                        f"{sorted(signature.symbols)})")
+    for name, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise BindError(f"dims[{name!r}] = {value!r}: give a whole number >= 1")
+    out = {}
+    for s, where in signature.symbols.items():
+        out[s] = int(given[s]) if s in given else (1 if where.endswith(" dim 0") else 128)
+    return out
