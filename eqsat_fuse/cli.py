@@ -36,6 +36,21 @@ def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def _dim_binding(text: str) -> list[tuple[str, int]]:
+    """`--dim NAME=VALUE[,NAME=VALUE...]`: symbols bound for extraction's cost model."""
+    out = []
+    for item in text.split(","):
+        name, sep, value = item.strip().partition("=")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {item!r}")
+        try:
+            out.append((name, int(value)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"the value of {name!r} must be a whole number: "
+                                             f"{value!r}") from None
+    return out
+
+
 def _thread_count(text: str) -> int | str:
     """`--threads N` as given: a whole number, else the text itself; `main` checks it before
     any command runs, so every wrong value is the same one line as `compile(threads=...)`'s."""
@@ -76,9 +91,16 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
                              "NaN, infinities and signed zeros (default: exact, docs/numerics.md)")
     parser.add_argument("--input-shape", action="extend", nargs="+", type=_input_shape,
                         default=[], metavar="NAME=D1,D2,...",
-                        help="shapes to compile for, one or more per flag: a dynamic input's, or "
-                             "a new size for a static one (the model is re-sized, like onnxsim's "
-                             "--overwrite-input-shape)")
+                        help="static shapes to compile for, one or more per flag: a dynamic "
+                             "input's (the program then takes that shape only), or a new size "
+                             "for a static one (the model is re-sized, like onnxsim's "
+                             "--overwrite-input-shape); without it, open dims stay symbolic")
+    parser.add_argument("--dim", action="extend", nargs="+", type=_dim_binding, default=[],
+                        metavar="NAME=VALUE",
+                        help="the value of a symbolic dim that extraction's cost model prices "
+                             "(repeatable, several per flag or comma-separated, like "
+                             "onnxruntime's free-dimension overrides; default: 1 for a leading "
+                             "dim, 128 for any other); the program still runs at every value")
     parser.add_argument("--max-iterations", type=int, default=Budgets.iterations,
                         help=f"saturation iteration budget (default {Budgets.iterations}; "
                              f"0 runs no rule)")
@@ -105,7 +127,8 @@ def _compile(args, model):
                          progress=progress, hard_limits=args.hard_limits,
                          storage_dtype=args.storage_dtype, threads=args.threads,
                          objective=args.objective, ilp_seconds=args.ilp_seconds,
-                         numerics="fast" if args.fast_math else "exact")
+                         numerics="fast" if args.fast_math else "exact",
+                         dims=dict(item for group in args.dim for item in group) or None)
 
 
 def _progress(stage: str) -> None:

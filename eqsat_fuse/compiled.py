@@ -16,6 +16,7 @@ import numpy as np
 
 from .errors import EqsatFuseError
 from .ir import CANONICAL_OPSET, KernelPlan
+from .lowering.generic import ShapeGeneric
 from .lowering.lower import Program
 from .tools.report import Report
 
@@ -27,11 +28,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One input or output of a compiled program: its name, the static shape it was compiled
-    for and its NumPy dtype name ("float32", "int64", ...)."""
+    """One input or output of a compiled program: its name, the shape it was compiled for (ints,
+    and `dims.Dim`s for the dims a shape-generic program leaves open) and its NumPy dtype name
+    ("float32", "int64", ...)."""
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple
     dtype: str
 
 
@@ -43,8 +45,9 @@ class Compiled:
 
     def __init__(self, program: Program, report: Report, source: onnx.ModelProto | None,
                  source_path: Path | None = None, extraction: ExtractionContext | None = None,
-                 opset: int = CANONICAL_OPSET):
-        self.program = program
+                 opset: int = CANONICAL_OPSET, generic: ShapeGeneric | None = None):
+        self.program = program              # the program at the representative shape
+        self.generic = generic              # open dims: the symbolic plan, a program per shape
         self.report = report
         self._source = source
         self.source_path = source_path      # the file it was compiled from: never overwritten
@@ -57,15 +60,29 @@ class Compiled:
 
     @property
     def inputs(self) -> dict[str, TensorSpec]:
-        """Input name -> `TensorSpec` (name, static shape, dtype) that `run` expects, in the
-        model's order."""
+        """Input name -> `TensorSpec` (name, shape, dtype) that `run` expects, in the model's
+        order; a shape-generic program's open dims are `dims.Dim`s (`seq`, `past + 1`)."""
+        if self.generic is not None:
+            plan = self.generic.plan
+            return {name: TensorSpec(name, tuple(plan.inputs[name].shape),
+                                     str(plan.inputs[name].dtype))
+                    for name in self.generic.signature.inputs}
         return {name: TensorSpec(name, tuple(info.shape), str(info.dtype))
                 for name, info in self.plan.inputs.items()}
 
     @property
     def outputs(self) -> dict[str, TensorSpec]:
-        """Output name -> `TensorSpec` (name, static shape, dtype) of what `run` returns, in
-        the model's order."""
+        """Output name -> `TensorSpec` (name, shape, dtype) of what `run` returns, in the
+        model's order (symbolic dims as in `inputs`)."""
+        if self.generic is not None:
+            plan = self.generic.plan
+            infos = {**plan.buffers, **plan.inputs}
+            out = {}
+            for name, (shape, dtype) in self.program._output_info.items():
+                info = infos.get(plan.outputs[name])
+                out[name] = TensorSpec(name, tuple(info.shape) if info else tuple(shape),
+                                       np.dtype(dtype).name)
+            return out
         return {name: TensorSpec(name, tuple(int(d) for d in shape), np.dtype(dtype).name)
                 for name, (shape, dtype) in self.program._output_info.items()}
 
@@ -76,6 +93,8 @@ class Compiled:
         Outputs are new arrays by default. `out` ({output name: array}, e.g. from
         `program.empty_outputs()`) makes the run write those outputs into the given arrays and
         return them, so repeated runs allocate nothing (see `Program.run`)."""
+        if self.generic is not None:
+            return self.generic.run(feeds, out=out)
         return self.program.run(feeds, out=out)
 
     def verify(self, feeds: dict[str, Any] | None = None, against: str = "ort",
@@ -89,7 +108,11 @@ class Compiled:
         from .checking.verify import random_feeds, verify_program
 
         self._need_source("verify")
-        feeds = random_feeds(self.plan.inputs, seed) if feeds is None else feeds
+        if feeds is None:
+            inputs = self.plan.inputs
+            if self.generic is not None:     # the user's inputs at the representative shape
+                inputs = {n: inputs[n] for n in self.generic.signature.inputs}
+            feeds = random_feeds(inputs, seed)
         return verify_program(self._source, self.plan, self.run, feeds, against,
                               self.program.storage_dtype, rtol=rtol, atol=atol,
                               tolerances=tolerances)
@@ -104,6 +127,7 @@ class Compiled:
         from .tools.export import export_model, inline_functions, save_model
 
         self._need_source("to_onnx")
+        self._need_static("to_onnx")
         model = export_model(self.program, self._source, opset=opset)
         if inline:
             model = inline_functions(model)
@@ -130,7 +154,15 @@ class Compiled:
         `force`, and never the model this was compiled from."""
         from .artifacts import write_artifact
 
+        self._need_static("save")
         return write_artifact(self, path, force=force)
+
+    def _need_static(self, what: str) -> None:
+        if self.generic is not None:
+            dims = ", ".join(sorted(self.generic.signature.symbols))
+            raise EqsatFuseError(f"{what} of a shape-generic program (open dims: {dims}) is not "
+                                 f"supported yet; compile with input_shapes= (--input-shape) "
+                                 f"for a static program to {what}")
 
     def _need_source(self, what: str) -> None:
         if self._source is None:

@@ -21,13 +21,16 @@ from .extraction.fusion_values import ExtractionContext
 from .extraction.registry import extract
 from .frontend.encode import encode
 from .frontend.importer import import_model, with_input_shapes
+from .dims import evaluate
 from .lowering.decode import decode
+from .lowering.generic import ShapeGeneric, specialize
 from .lowering.lower import Program, lower
 from .numerics import resolve as resolve_numerics
 from .saturation.limits import HardLimits, saturate_in_child
 from .saturation.passes import saturate_by_passes
 from .saturation.saturate import Budgets, saturate
-from .saturation.serialized import fill_missing_facts, read_egraph
+from .saturation.serialized import fill_missing_facts, read_egraph, with_dims
+from .signature import representative_binding
 from .threads import resolve as resolve_threads
 from .tools.explain import shaping_rules
 from .tools.report import KernelReport, Report
@@ -48,7 +51,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             progress: Callable[[str], None] | None = None,
             hard_limits: HardLimits | None = None,
             objective: str = "latency", ilp_seconds: float = 30.0,
-            threads: int | None = None, numerics: str | None = None) -> Compiled:
+            threads: int | None = None, numerics: str | None = None,
+            dims: dict[str, int] | None = None) -> Compiled:
     """Compile an ONNX model (path or ModelProto) into a fused program for `target`.
 
     `rules` adds rule files to the shipped ones; `input_shapes` fixes dynamic input dims;
@@ -66,6 +70,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     `numerics` is "exact" (the default: NaN, infinities and signed zeros as the model computes
     them) or "fast" (also the rules tagged `:numerics fast` and the kernels' fast-math flags,
     like -ffast-math; see `numerics` and docs/numerics.md).
+    A model whose inputs leave dims open (and that `input_shapes` does not fix) compiles once
+    for every value of them (docs/shapes.md): `dims` ({symbol: value}) is the binding the cost
+    model prices (default: 1 for a leading dim, 128 for any other), and `run` takes any shape.
     """
     timings: dict[str, float] = {}
     current: list = [None, time.perf_counter()]
@@ -86,6 +93,12 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     cost_model = load_cost_model(target)
     stage("import")
     graph = import_model(model, input_shapes)
+    signature = graph.signature
+    if signature is not None:
+        signature.representative = representative_binding(signature, dims)
+    elif dims:
+        raise EqsatFuseError(f"dims {sorted(dims)} name no open dim: the model's inputs are "
+                             f"all static{' once input_shapes is applied' if input_shapes else ''}")
     stage("encode")
     encoding = encode(graph)
     stage("saturate")
@@ -100,9 +113,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         egraph, saturation = saturate_in_child(encoding, rules, budgets or Budgets(), hard_limits,
                                                cost_model.rule_files, numerics)
     stage("extract")
-    serialized = read_egraph(egraph)
-    fill_missing_facts(serialized)
-    extraction = extract(serialized, roots_of(serialized, encoding.output_vars), cost_model,
+    serialized, priced = _read(egraph, encoding, signature)
+    extraction = extract(priced, roots_of(priced, encoding.output_vars), cost_model,
                          extractor, objective=objective, seconds=ilp_seconds)
     shaped_by = shaping_rules(serialized, extraction.choice, extraction.constant, encoding,
                               saturation.rule_files)
@@ -111,19 +123,45 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     stage("lower")
     if storage_dtype is None:
         storage_dtype = cost_model.storage_dtype
-    program = lower(plan, backend, graph.opset, storage_dtype=storage_dtype, cache_dir=cache_dir,
-                    threads=threads, numerics=numerics)
+    program, generic = _lower(plan, signature, dict(
+        backend=backend, opset=graph.opset, storage_dtype=storage_dtype, cache_dir=cache_dir,
+        threads=threads, numerics=numerics))
     stage("done")
 
     report = _report(graph, cost_model, backend, extractor, objective, saturation, extraction,
                      program, timings, shaped_by)
     # for --explain: each fusion is re-extracted, so one ILP run gets at most 10 s there
-    context = ExtractionContext(serialized, extraction, cost_model,
+    context = ExtractionContext(priced, extraction, cost_model,
                                 {"seconds": min(ilp_seconds, 10.0)})
     source = with_input_shapes(_source_proto(model), input_shapes)  # the oracle takes them too
+    if signature is not None:
+        report.symbolic = signature.describe()
     return Compiled(program, report, source,
                     source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
-                    extraction=context, opset=graph.opset)
+                    extraction=context, opset=graph.opset, generic=generic)
+
+
+def _read(egraph, encoding, signature):
+    """The e-graph as extraction reads it, twice: with its shapes and view attributes as dims
+    (for decoding), and with each dim's value under the representative binding (for the cost
+    model). The same object for a static-shape model."""
+    serialized = read_egraph(egraph)
+    if signature is None:
+        fill_missing_facts(serialized)
+        return serialized, serialized
+    serialized = with_dims(serialized, encoding.dim_codes.dim)      # e-graph codes -> dims
+    fill_missing_facts(serialized)
+    return serialized, with_dims(serialized, lambda d: evaluate(d, signature.representative))
+
+
+def _lower(plan, signature, options: dict):
+    """The program (at the representative binding for open dims) and, for open dims, the
+    `ShapeGeneric` that lowers the same plan for each new shape a run feeds."""
+    if signature is None:
+        return lower(plan, **options), None
+    program = lower(specialize(plan, signature.representative), **options)
+    return program, ShapeGeneric(plan, signature, options,
+                                 first=(signature.representative, program))
 
 
 def _check_options(strategy: str, ilp_seconds: float) -> None:

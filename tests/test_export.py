@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 import eqsat_fuse as ef
+from eqsat_fuse.frontend.symbolic import has_open_dims
 from eqsat_fuse.tools import export
 from eqsat_fuse.cli import main
 from eqsat_fuse.demo import demo_model
@@ -29,7 +30,10 @@ from conftest import MODELS_DIR
 
 ort.set_default_logger_severity(3)
 
-MODELS = sorted(p.name for p in MODELS_DIR.glob("*.onnx")) + ["demo"]
+# the models with open dims (test_symbolic) compile shape-generic programs, which to_onnx
+# refuses for now
+MODELS = sorted(p.name for p in MODELS_DIR.glob("*.onnx")
+                if not has_open_dims(onnx.load(str(p), load_external_data=False))) + ["demo"]
 RESNET = MODELS_DIR / "resnet_tiny_op17.onnx"
 
 

@@ -16,6 +16,7 @@ from functools import cache
 
 import numpy as np
 
+from ..dims import DimCodes
 from ..graphs import postorder
 from ..ir import Graph, Node, TensorInfo
 from ..ops import OPS
@@ -37,6 +38,8 @@ class Encoding:
     # the model's own terms: inner variable -> (op, variables of its tensor arguments); lets the
     # explanation tell a node the encoder wrote from one a rule added
     originals: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    # symbolic dims as the e-graph's integers (`dims.DimCodes`); None for static shapes
+    dim_codes: DimCodes | None = None
 
 
 @cache
@@ -49,10 +52,10 @@ def constructor_sorts() -> dict[str, tuple[tuple[str, ...], str]]:
             for c in commands if type(c).__name__ == "Constructor"}
 
 
-def render_value(value, sort: str) -> str:
-    """An attribute value as egglog literal text of the given sort."""
+def render_value(value, sort: str, codes: DimCodes | None = None) -> str:
+    """An attribute value as egglog literal text of the given sort (symbolic dims as `codes`)."""
     if sort == "i64":
-        return str(int(value))
+        return str(codes.code(value) if codes is not None else int(value))
     if sort == "f64":
         return render_float(float(value))
     if sort == "String":
@@ -61,7 +64,7 @@ def render_value(value, sort: str) -> str:
             raise ValueError(f"refusing to put {text!r} into egglog text")
         return f'"{text}"'
     if sort == "IVec":
-        items = [str(int(v)) for v in value]
+        items = [str(codes.code(v) if codes is not None else int(v)) for v in value]
         return f"(vec-of {' '.join(items)})" if items else "(vec-empty)"
     raise ValueError(f"no literal form for sort {sort}")
 
@@ -74,9 +77,9 @@ def render_float(value: float) -> str:
     return repr(value)
 
 
-def _facts(var: str, info: TensorInfo) -> list[str]:
+def _facts(var: str, info: TensorInfo, codes: DimCodes | None = None) -> list[str]:
     """The shape and dtype facts of one value."""
-    return [f"(set (shape {var}) {render_value(info.shape, 'IVec')})",
+    return [f"(set (shape {var}) {render_value(info.shape, 'IVec', codes)})",
             f'(set (dtype {var}) "{info.dtype}")']
 
 
@@ -145,6 +148,7 @@ def encode(graph: Graph) -> Encoding:
     opaque_nodes: dict[int, Node] = {}
     originals: dict[str, tuple[str, tuple[str, ...]]] = {}
     counter = 0
+    codes = DimCodes() if graph.signature is not None else None
 
     def new_var(prefix: str) -> str:
         nonlocal counter
@@ -156,7 +160,7 @@ def encode(graph: Graph) -> Encoding:
         leaf_keys[key] = name
         var = new_var("l")
         lines.append(f'(let {var} ({constructor} "{key}"))')
-        lines.extend(_facts(var, graph.values[name]))
+        lines.extend(_facts(var, graph.values[name], codes))
         if constructor == "Input":
             lines.append(f"(dynamic {var})")
         value = graph.initializers.get(name) if constructor == "Const" else None
@@ -196,22 +200,23 @@ def encode(graph: Graph) -> Encoding:
                 attrs.update(node=index, index=out_index)
             elif node.op == "Split":
                 attrs["index"] = out_index
-            rendered = [render_value(attrs[a], s) for a, s in zip(spec.attrs, attr_sorts)]
+            rendered = [render_value(attrs[a], s, codes) for a, s in zip(spec.attrs, attr_sorts)]
             term = f"({node.op} {' '.join(tensors + rendered)})"
             inner, outer = new_var("i"), new_var("v")
             lines.append(f"(let {inner} {term})")
             originals[inner] = (node.op, tuple(value_vars[v] if v else "" for v in node.inputs))
             lines.append(f"(let {outer} (Mat {inner}))")
             info = graph.values[output]
-            lines.extend(_facts(inner, info))
-            lines.extend(_facts(outer, info))
+            lines.extend(_facts(inner, info, codes))
+            lines.extend(_facts(outer, info, codes))
             # import folded every node over constants only: what is left depends on an input
             lines.append(f"(dynamic {inner})")
             value_vars[output] = outer
 
     return Encoding(program="\n".join(lines) + "\n", leaf_keys=leaf_keys, value_vars=value_vars,
                     output_vars={o: value_vars[o] for o in graph.outputs},
-                    opaque_nodes=opaque_nodes, lets=counter, originals=originals)
+                    opaque_nodes=opaque_nodes, lets=counter, originals=originals,
+                    dim_codes=codes)
 
 
 def encode_choice(eg, choice: dict[int, int], encoding: Encoding, graph: Graph) -> Encoding:
@@ -221,6 +226,7 @@ def encode_choice(eg, choice: dict[int, int], encoding: Encoding, graph: Graph) 
     place holds after a pass. Leaves keep the keys of `encoding`; facts are carried over.
     """
     sorts = constructor_sorts()
+    codes = encoding.dim_codes
     roots = {output: eg.lets[var] for output, var in encoding.output_vars.items()}
     # children last to first (the order the lets have always been written in)
     order = postorder(roots.values(), lambda c: reversed(eg.nodes[choice[c]].children))
@@ -233,12 +239,12 @@ def encode_choice(eg, choice: dict[int, int], encoding: Encoding, graph: Graph) 
         var = f"$c{c}"
         arg_sorts = sorts[node.op][0]
         children, attrs = iter(node.children), iter(node.attrs)
-        args = [f"$c{next(children)}" if s in ("T", "TList") else render_value(next(attrs), s)
+        args = [f"$c{next(children)}" if s in ("T", "TList") else render_value(next(attrs), s, codes)
                 for s in arg_sorts]
         lines.append(f"(let {var} ({' '.join([node.op, *args])}))")
         originals[var] = (node.op, tuple(a for a, s in zip(args, arg_sorts) if s == "T"))
         if c in eg.shapes and c in eg.dtypes:
-            lines.extend(_facts(var, TensorInfo(tuple(eg.shapes[c]), eg.dtypes[c])))
+            lines.extend(_facts(var, TensorInfo(tuple(eg.shapes[c]), eg.dtypes[c]), codes))
         if c in dynamic:
             lines.append(f"(dynamic {var})")
         if node.op == "Const":
@@ -250,4 +256,5 @@ def encode_choice(eg, choice: dict[int, int], encoding: Encoding, graph: Graph) 
     return Encoding(program="\n".join(lines) + "\n", leaf_keys=encoding.leaf_keys,
                     value_vars=value_vars,
                     output_vars={output: f"$c{c}" for output, c in roots.items()},
-                    opaque_nodes=encoding.opaque_nodes, lets=len(order), originals=originals)
+                    opaque_nodes=encoding.opaque_nodes, lets=len(order), originals=originals,
+                    dim_codes=codes)

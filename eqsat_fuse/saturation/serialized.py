@@ -15,6 +15,7 @@ from typing import Any
 from egglog import bindings
 
 from ..frontend.encode import constructor_sorts
+from ..dims import broadcast_shapes
 
 TERM_SORTS = ("T", "TList")
 
@@ -202,6 +203,20 @@ def parse_export(data: dict) -> SerializedEGraph:
                             relations=relations)
 
 
+def with_dims(eg: SerializedEGraph, convert) -> SerializedEGraph:
+    """A copy of `eg` whose shapes and IVec attributes went through `convert` (an int -> the
+    dim its code stands for, `dims.DimCodes.dim`, or a dim -> its value under a binding)."""
+    def attr(value):
+        return tuple(convert(v) for v in value) if isinstance(value, tuple) else value
+
+    nodes = [ENode(n.op, n.eclass, n.children, tuple(attr(a) for a in n.attrs))
+             if any(isinstance(a, tuple) for a in n.attrs) else n for n in eg.nodes]
+    return SerializedEGraph(nodes=nodes, class_nodes=eg.class_nodes, class_sort=eg.class_sort,
+                            class_ids=eg.class_ids,
+                            shapes={c: tuple(convert(d) for d in s) for c, s in eg.shapes.items()},
+                            dtypes=eg.dtypes, lets=eg.lets, relations=eg.relations)
+
+
 def fill_missing_facts(eg: SerializedEGraph) -> None:
     """Give a shape and dtype to classes that rules created without stating them.
 
@@ -244,8 +259,7 @@ def _node_facts(eg: SerializedEGraph, node: ENode, ops) -> tuple:
             shapes = shapes[:1]
         if all(s is not None for s in shapes) and shapes:
             try:
-                import numpy as np
-                return tuple(np.broadcast_shapes(*shapes)), dtype
+                return broadcast_shapes(*shapes), dtype
             except ValueError:
                 return None, dtype
         return None, dtype

@@ -62,6 +62,9 @@ class Report:
     # saturate.IterationRecord (as a dict) per iteration: rules matched, matches, e-nodes, seconds
     numerics: str = "exact"               # the numerics mode (eqsat_fuse.numerics)
     inexact_rules: dict[str, int] = field(default_factory=dict)   # rules tagged `:numerics fast`
+    # symbolic dims: each input's shape, the symbols, and the binding extraction priced
+    # (signature.Signature.describe); empty for a program compiled for static shapes
+    symbolic: dict[str, Any] = field(default_factory=dict)
     # that fired (fast mode only), with their match counts: the e-graph extraction chose from
     # held their rewrites (rules_in_program cannot tell a rule whose right side is a variable)
 

@@ -1,0 +1,108 @@
+"""One program, many shapes: a kernel plan over symbolic dims, lowered once per concrete shape.
+
+Saturation, extraction and decoding run once, over the symbolic dims (`frontend.symbolic`,
+`dims.DimCodes`); what they give is a `KernelPlan` whose shapes and view attributes hold
+`dims.Dim`s. `ShapeGeneric` keeps that plan and, the first time a run's feeds bind the symbols
+to values it has not seen, evaluates the plan at those values (`specialize`) and lowers it
+(`lower.lower`: constant folding, memory plan, the backend's steps) into a `Program`, which it
+keeps for the next run of that shape. Kernels take their geometry at run time and share their
+source between shapes, so a new shape compiles nothing the first shape did not (the Numba
+backend finds each kernel in its cache); the derived inputs (`signature.Signature.derive`: masks,
+positions) are computed once per shape too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..dims import evaluate_all
+from ..errors import FeedError
+from ..ir import ConstExpr, Kernel, KernelPlan, TensorInfo
+from ..signature import BindError, Signature
+
+# concrete shapes kept lowered at once (each holds its own arena)
+MAX_SHAPES = 16
+
+
+def _info(info: TensorInfo | None, binding: dict[str, int]) -> TensorInfo | None:
+    if info is None:
+        return None
+    return TensorInfo(tuple(evaluate_all(tuple(info.shape), binding)), info.dtype)
+
+
+def specialize(plan: KernelPlan, binding: dict[str, int]) -> KernelPlan:
+    """`plan` with every symbolic dim evaluated under `binding`."""
+    def body(nodes):
+        return [replace(n, attrs={k: evaluate_all(v, binding) for k, v in n.attrs.items()})
+                for n in nodes]
+
+    kernels = [Kernel(name=k.name, output=k.output, inputs=list(k.inputs), body=body(k.body),
+                      kind=k.kind, info=_info(k.info, binding), eclass=k.eclass)
+               for k in plan.kernels]
+    constants = {n: ConstExpr(c.name, body(c.body), _info(c.info, binding))
+                 for n, c in plan.constants.items()}
+    return KernelPlan(kernels=kernels,
+                      buffers={n: _info(i, binding) for n, i in plan.buffers.items()},
+                      inputs={n: _info(i, binding) for n, i in plan.inputs.items()},
+                      outputs=dict(plan.outputs), constants=constants,
+                      initializers=plan.initializers, opaque_nodes=plan.opaque_nodes)
+
+
+class ShapeGeneric:
+    """The symbolic plan, its signature, and a Program per concrete shape seen so far."""
+
+    def __init__(self, plan: KernelPlan, signature: Signature, lower_options: dict[str, Any],
+                 first: tuple[dict[str, int], Any] | None = None):
+        self.plan = plan
+        self.signature = signature
+        self.lower_options = lower_options
+        self.programs: OrderedDict[tuple, tuple[Any, dict[str, np.ndarray]]] = OrderedDict()
+        self.lower_seconds: dict[tuple, float] = {}
+        if first is not None:
+            binding, program = first
+            self.programs[self.key(binding)] = (program, self.signature.derive(binding))
+
+    def key(self, binding: dict[str, int]) -> tuple:
+        return tuple(sorted(binding.items()))
+
+    def bind(self, feeds: dict[str, Any]) -> dict[str, int]:
+        shapes = {}
+        for name in self.signature.inputs:
+            if name not in feeds:
+                raise FeedError(f"missing input {name!r} (inputs: {list(self.signature.inputs)})")
+            shapes[name] = tuple(np.shape(feeds[name]))
+        try:
+            return self.signature.bind(shapes)
+        except BindError as exc:
+            raise FeedError(str(exc)) from None
+
+    def program_for(self, binding: dict[str, int]):
+        """The Program and derived inputs of one binding: lowered on first sight, then kept."""
+        from .lower import lower
+        key = self.key(binding)
+        found = self.programs.get(key)
+        if found is not None:
+            self.programs.move_to_end(key)
+            return found
+        start = time.perf_counter()
+        program = lower(specialize(self.plan, binding), **self.lower_options)
+        found = (program, self.signature.derive(binding))
+        self.lower_seconds[key] = time.perf_counter() - start
+        self.programs[key] = found
+        while len(self.programs) > MAX_SHAPES:
+            self.programs.popitem(last=False)
+        return found
+
+    def run(self, feeds: dict[str, Any], out: dict[str, np.ndarray] | None = None
+            ) -> dict[str, np.ndarray]:
+        unknown = set(feeds) - set(self.signature.inputs)
+        if unknown:
+            raise FeedError(f"unknown input{'s' if len(unknown) > 1 else ''} {sorted(unknown)} "
+                            f"(inputs: {list(self.signature.inputs)})")
+        program, derived = self.program_for(self.bind(feeds))
+        return program.run({**feeds, **derived}, out=out)

@@ -1,0 +1,245 @@
+"""Symbolic dims (issue 16): dim expressions, symbolic import, one compile run at many shapes.
+
+The two models are real exports with open dims (tests/models/export_dynamic.py): a BERT encoder
+with inputs [batch, seq], and one GPT-2 decode step with a KV cache (past_* [batch, heads,
+past, head_dim]). Each is compiled once, with no input_shapes, and run at shapes it was not
+compiled for, against onnxruntime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import eqsat_fuse as ef
+from eqsat_fuse.dims import (DimCodes, SymbolicError, dmax, dmin, floordiv, from_json, symbol,
+                             to_json)
+from eqsat_fuse.errors import EqsatFuseError, FeedError
+from eqsat_fuse.frontend.importer import import_model
+
+MODELS = Path(__file__).parent / "models"
+BERT = MODELS / "bert_dyn_tiny.onnx"
+GPT2 = MODELS / "gpt2_kv_tiny.onnx"
+
+seq, past, batch = symbol("seq"), symbol("past"), symbol("batch")
+
+
+# ---- dims --------------------------------------------------------------------------------------
+
+def test_a_dim_is_one_canonical_expression():
+    assert (seq + past) * batch == batch * past + seq * batch
+    assert hash((seq + past) * 2) == hash(2 * past + seq * 2)
+    assert seq - seq == 0 and isinstance(seq - seq, int)
+    assert (seq * 768 * batch) // 768 == seq * batch
+    assert floordiv(seq * batch * 64, batch * 64) == seq
+    assert str(floordiv(seq + past, 2)) == "((past + seq) // 2)"
+    assert (seq + 1) - seq == 1
+
+
+def test_min_and_max_simplify_only_when_they_hold_for_every_value():
+    assert dmin(seq + past, seq) == seq          # past >= 0
+    assert dmax(batch, 0) == batch
+    assert str(dmin(seq, 1024)) == "min(1024, seq)"      # depends on seq: stays opaque
+    assert dmin(seq, 1024).evaluate({"seq": 2000}) == 1024
+    assert dmin(seq, 1024).evaluate({"seq": 7}) == 7
+
+
+def test_an_undecidable_comparison_raises_instead_of_guessing():
+    assert seq + 1 > seq
+    with pytest.raises(SymbolicError, match="cannot tell"):
+        bool(seq < 8)
+    with pytest.raises(SymbolicError, match="symbolic"):
+        int(seq)
+
+
+def test_dims_round_trip_through_json_and_junk_is_refused():
+    d = dmin(seq, 1024) * batch + floordiv(past, 3) + 7
+    assert from_json(to_json(d)) == d
+    assert from_json(to_json(5)) == 5
+    for junk in ({"dim": [[["os.system(1)", 1], 1]]}, {"dim": "seq"}, True, {"x": 1},
+                 {"dim": [[[["eval", 1, 2], 1], 1]]}):
+        with pytest.raises(ValueError):
+            from_json(junk)
+
+
+def test_codes_stand_for_dims_and_are_never_small_numbers():
+    codes = DimCodes()
+    a, b = codes.code(seq * batch), codes.code(batch * seq)
+    assert a == b and a < -(1 << 50) and codes.code(5) == 5
+    assert codes.dim(a) == seq * batch and codes.dim(5) == 5
+
+
+# ---- import --------------------------------------------------------------------------------------
+
+def test_symbolic_import_folds_the_shape_subgraphs_into_dim_expressions():
+    graph = import_model(GPT2)
+    sig = graph.signature
+    assert set(sig.symbols) == {"batch", "seq", "total", "past"}
+    ops = [n.op if n.op != "Opaque" else n.onnx_node.op_type for n in graph.nodes]
+    # Shape -> Gather -> Unsqueeze -> Concat chains are dims now, not kernels
+    for op in ("Shape", "Gather", "Unsqueeze", "ConstantOfShape", "Range", "Equal"):
+        assert ops.count(op) <= (2 if op == "Gather" else 0), (op, ops.count(op))
+    present = graph.values["present_key_0"].shape
+    assert present == (batch, 4, past + seq, 8)
+    reshapes = [n.attrs["shape"] for n in graph.nodes if n.op == "Reshape"]
+    assert [batch * seq, 32] in reshapes and [batch, seq, 4, 8] in reshapes
+
+
+def test_an_unknown_dim_without_a_name_becomes_its_own_symbol():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                                                [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    graph = import_model(model)
+    assert graph.signature.symbols == {"x_0": "input 'x' dim 0"}
+
+
+# ---- one compile, many shapes --------------------------------------------------------------------
+
+def _bert_feeds(b, s, seed):
+    rng = np.random.default_rng(seed)
+    mask = np.ones((b, s), np.int64)
+    mask[0, s // 2:] = 0
+    return {"input_ids": rng.integers(0, 128, (b, s)), "attention_mask": mask}
+
+
+def _gpt2_feeds(b, s, p, seed):
+    rng = np.random.default_rng(seed)
+    feeds = {"input_ids": rng.integers(0, 128, (b, s)),
+             "attention_mask": np.ones((b, p + s), np.int64)}
+    for i in range(2):
+        for kind in ("key", "value"):
+            feeds[f"past_{kind}_{i}"] = rng.standard_normal((b, 4, p, 8)).astype(np.float32)
+    return feeds
+
+
+def _check_against_ort(compiled, path, feeds):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    got = compiled.run(feeds)
+    for name, value in want.items():
+        assert got[name].shape == value.shape, name
+        np.testing.assert_allclose(got[name], value, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
+@pytest.fixture(scope="module", params=["numpy", "numba"])
+def gpt2(request):
+    return ef.compile(GPT2, backend=request.param)
+
+
+@pytest.fixture(scope="module", params=["numpy", "numba"])
+def bert(request):
+    return ef.compile(BERT, backend=request.param)
+
+
+def test_bert_compiles_once_and_runs_at_every_shape(bert):
+    assert bert.report.symbolic["representative"] == {"batch": 1, "seq": 128}
+    for b, s in ((1, 128), (1, 8), (2, 16), (3, 5), (1, 1), (4, 33)):
+        _check_against_ort(bert, BERT, _bert_feeds(b, s, seed=b * 100 + s))
+
+
+def test_gpt2_decode_step_runs_at_every_past_length_including_zero(gpt2):
+    for b, s, p in ((1, 1, 5), (1, 1, 0), (2, 3, 4), (1, 7, 9), (3, 1, 20)):
+        _check_against_ort(gpt2, GPT2, _gpt2_feeds(b, s, p, seed=p))
+
+
+def test_a_decode_loop_feeds_present_back_as_past_and_matches_onnxruntime(gpt2):
+    session = ort.InferenceSession(str(GPT2), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    feeds = _gpt2_feeds(1, 4, 0, seed=1)          # a 4-token prompt, empty cache
+    ours = dict(feeds)
+    for step in range(6):
+        want = dict(zip(names, session.run(None, feeds)))
+        got = gpt2.run(ours)
+        np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-3, atol=1e-4,
+                                   err_msg=f"step {step}")
+        token = np.argmax(want["logits"][:, -1:], axis=-1)
+        total = want["present_key_0"].shape[2] + 1
+        feeds = {"input_ids": token, "attention_mask": np.ones((1, total), np.int64)}
+        ours = dict(feeds)
+        for i in range(2):
+            for kind in ("key", "value"):
+                feeds[f"past_{kind}_{i}"] = want[f"present_{kind}_{i}"]
+                ours[f"past_{kind}_{i}"] = got[f"present_{kind}_{i}"]
+
+
+def test_the_signature_shows_the_symbols(gpt2):
+    assert gpt2.inputs["past_key_0"].shape == (batch, 4, past, 8)
+    assert gpt2.outputs["present_key_0"].shape == (batch, 4, past + seq, 8)
+    assert "/" not in "".join(gpt2.inputs)      # the derived inputs are not the user's to feed
+
+
+def test_feeds_that_disagree_on_a_shared_symbol_name_both_inputs(gpt2):
+    feeds = _gpt2_feeds(1, 1, 5, seed=0)
+    feeds["past_value_1"] = feeds["past_value_1"][:, :, :3]
+    with pytest.raises(FeedError, match=r"'past_key_0' \(dim 2\) and 'past_value_1' \(dim 2\) "
+                                        r"share the symbol 'past'.* 5 and 3"):
+        gpt2.run(feeds)
+
+
+def test_extraction_prices_the_binding_the_user_gives():
+    compiled = ef.compile(BERT, backend="numpy", dims={"seq": 16})
+    assert compiled.report.symbolic["representative"] == {"batch": 1, "seq": 16}
+    assert compiled.report.kernels[0].shape[:2] in ([1, 16], [16, 32], [16])
+    with pytest.raises(EqsatFuseError, match="not symbols of the model"):
+        ef.compile(BERT, backend="numpy", dims={"sequence": 16})
+
+
+def test_input_shapes_still_give_a_static_program():
+    compiled = ef.compile(BERT, backend="numpy",
+                          input_shapes={"input_ids": (1, 8), "attention_mask": (1, 8)})
+    assert compiled.generic is None and not compiled.report.symbolic
+    with pytest.raises(FeedError):
+        compiled.run(_bert_feeds(1, 9, seed=0))
+
+
+def test_a_broadcast_against_a_number_is_checked_at_run_time():
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.arange(16, dtype=np.float32))
+    model = helper.make_model(helper.make_graph([helper.make_node("Add", ["a", "w"], ["y"])],
+                                                "g", [a], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    compiled = ef.compile(model, backend="numpy")
+    for n in (1, 4):
+        x = np.ones((n, 4), np.float32)
+        np.testing.assert_array_equal(compiled.run({"a": x})["y"],
+                                      x + np.arange(16, dtype=np.float32).reshape(4, 4))
+    with pytest.raises(FeedError, match="must be 1 or 4"):
+        compiled.run({"a": np.ones((3, 4), np.float32)})
+
+
+def test_a_rule_that_needs_a_dim_to_be_one_does_not_fire_on_a_symbol():
+    # Reshape [n, 8] -> [1, 8] is the identity only where n is 1: at the representative binding
+    # (n = 1 for a leading dim) the shapes are equal, but the rule must not remove the Reshape.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    shape = helper.make_tensor("s", TensorProto.INT64, [2], [1, 8])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])],
+        "g", [x], [y], [shape]), opset_imports=[helper.make_opsetid("", 17)])
+    compiled = ef.compile(model, backend="numpy")
+    assert "Reshape" in [op for k in compiled.report.kernels for op in k.ops]
+    np.testing.assert_array_equal(compiled.run({"x": -np.ones((1, 8), np.float32)})["y"],
+                                  np.zeros((1, 8), np.float32))
+    with pytest.raises(FeedError, match="must be 8"):
+        compiled.run({"x": np.ones((2, 8), np.float32)})
+    onnx.checker.check_model(model)
+
+
+def test_export_and_save_of_a_shape_generic_program_are_refused_in_one_line(bert, tmp_path):
+    for call in (lambda: bert.to_onnx(tmp_path / "m.onnx"), lambda: bert.save(tmp_path / "a")):
+        with pytest.raises(EqsatFuseError, match=r"shape-generic program \(open dims: batch, "
+                                                 r"seq\) is not supported yet"):
+            call()
+    assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "a").exists()
+
+
+def test_verify_draws_the_users_inputs_at_the_representative_shape(bert):
+    assert bert.verify().ok
