@@ -159,9 +159,9 @@ def _lower(plan, signature, options: dict):
     `ShapeGeneric` that lowers the same plan for each new shape a run feeds."""
     if signature is None:
         return lower(plan, **options), None
-    program = lower(specialize(plan, signature.representative), **options)
-    return program, ShapeGeneric(plan, signature, options,
-                                 first=(signature.representative, program))
+    generic = ShapeGeneric(plan, signature, options)
+    program, _ = generic.program_for(signature.representative, defer_jit=False)
+    return program, generic
 
 
 def _check_options(strategy: str, ilp_seconds: float) -> None:

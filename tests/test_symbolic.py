@@ -243,3 +243,49 @@ def test_export_and_save_of_a_shape_generic_program_are_refused_in_one_line(bert
 
 def test_verify_draws_the_users_inputs_at_the_representative_shape(bert):
     assert bert.verify().ok
+
+
+_BACKGROUND = """
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+import eqsat_fuse as ef
+from test_symbolic import GPT2, _check_against_ort, _gpt2_feeds
+compiled = ef.compile(GPT2, backend="numba", cache_dir=sys.argv[1])
+generic = compiled.generic
+feeds = _gpt2_feeds(2, 3, 0, seed=3)      # batch 2, an empty cache: loops of other sizes
+reports = []
+for _ in range(2):
+    _check_against_ort(compiled, GPT2, feeds)
+    program, _ = generic.programs[generic.key(generic.bind(feeds))]
+    reports.append(program.report.as_dict())
+    generic.wait()
+print(json.dumps(reports))
+"""
+
+
+def test_a_new_shape_waits_for_no_jit_its_new_kernels_compile_in_the_background(tmp_path):
+    # in a fresh process with an empty kernel cache, so that nothing is compiled yet
+    import json
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-c", _BACKGROUND, str(tmp_path),
+                             str(Path(__file__).parent)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    first, again = json.loads(result.stdout.strip().splitlines()[-1])
+    assert first["jit_compiled"] == 0 and first["jit_deferred"] > 0   # NumPy ran those
+    assert len(first["fallback_kernels"]) >= first["jit_deferred"]
+    # lowered again once the worker was done: every kernel compiled, none compiled here
+    assert again["jit_deferred"] == 0 and again["jit_compiled"] == 0
+    assert not again["fallback_kernels"]
+
+
+def test_shapes_share_the_folded_constants_and_the_kernels_whose_geometry_stays(gpt2):
+    generic = gpt2.generic
+    first, _ = generic.program_for({"batch": 1, "seq": 1, "total": 12, "past": 11})
+    second, _ = generic.program_for({"batch": 1, "seq": 1, "total": 13, "past": 12})
+    assert first is not second
+    shared = [name for name, value in first.constants.items()
+              if second.constants[name] is value]
+    assert shared == list(first.constants)

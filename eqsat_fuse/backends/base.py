@@ -69,6 +69,13 @@ class BackendContext:
     cache_dir: str | Path | None             # where generated code is kept (None: default)
     threads: int                             # the program's one thread setting (resolved)
     numerics: str = "exact"                  # "exact" or "fast" (eqsat_fuse.numerics)
+    # a kernel whose machine code is neither loaded nor cached runs as the NumPy evaluation
+    # while it compiles in the background (`Backend.deferred`): a new shape of a shape-generic
+    # program (`lowering.generic`) waits for no JIT
+    defer_jit: bool = False
+    # state the lowerings of one plan at several shapes share (`lowering.generic`): the
+    # folded constants and what a backend derives from them (the packed GEMM weights)
+    shared: dict | None = None
 
 
 @dataclass

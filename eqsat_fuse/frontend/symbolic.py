@@ -123,7 +123,7 @@ def has_open_dims(proto: onnx.ModelProto) -> bool:
 
 class _Walk:
     def __init__(self, proto: onnx.ModelProto, held: dict[str, np.ndarray], name: str):
-        self.proto, self.name = proto, name
+        self.proto, self.name, self.held = proto, name, held
         self.opsets = proto.opset_import
         graph = proto.graph
         self.out = SymbolicShapes(infos={}, constants={}, shape_values={})
@@ -187,7 +187,7 @@ class _Walk:
         op = node.op_type
         kinds = {self.kind(i) for i in node.input}
         if op == "Constant":
-            value = _constant_node_value(node, {})
+            value = _constant_node_value(node, self.held)
             self.set_constant(node.output[0], value)
             return
         if op == "Shape":

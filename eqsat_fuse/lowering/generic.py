@@ -6,9 +6,11 @@ Saturation, extraction and decoding run once, over the symbolic dims (`frontend.
 to values it has not seen, evaluates the plan at those values (`specialize`) and lowers it
 (`lower.lower`: constant folding, memory plan, the backend's steps) into a `Program`, which it
 keeps for the next run of that shape. Kernels take their geometry at run time and share their
-source between shapes, so a new shape compiles nothing the first shape did not (the Numba
-backend finds each kernel in its cache); the derived inputs (`signature.Signature.derive`: masks,
-positions) are computed once per shape too.
+source between shapes; where the generator picks another loop for new sizes (a dim of 1, a
+product too small to split among threads), that kernel runs as its NumPy evaluation while a
+worker process compiles it, so a new shape waits for no JIT. The lowerings share the folded
+constants and packed weights (`shared`); the derived inputs (`signature.Signature.derive`:
+masks, positions) are computed once per shape.
 """
 
 from __future__ import annotations
@@ -56,16 +58,16 @@ def specialize(plan: KernelPlan, binding: dict[str, int]) -> KernelPlan:
 class ShapeGeneric:
     """The symbolic plan, its signature, and a Program per concrete shape seen so far."""
 
-    def __init__(self, plan: KernelPlan, signature: Signature, lower_options: dict[str, Any],
-                 first: tuple[dict[str, int], Any] | None = None):
+    def __init__(self, plan: KernelPlan, signature: Signature, lower_options: dict[str, Any]):
         self.plan = plan
         self.signature = signature
         self.lower_options = lower_options
         self.programs: OrderedDict[tuple, tuple[Any, dict[str, np.ndarray]]] = OrderedDict()
-        self.lower_seconds: dict[tuple, float] = {}
-        if first is not None:
-            binding, program = first
-            self.programs[self.key(binding)] = (program, self.signature.derive(binding))
+        self.lower_seconds: dict[tuple, float] = {}   # per shape: its (last) lowering
+        self.background_jit = True          # a new shape's uncached kernels compile elsewhere
+        self.compiled_since: set[tuple] = set()   # shapes whose deferred kernels are now cached
+        self.jobs: list = []
+        self.shared: dict = {}              # folded constants, packed weights (lower's `shared`)
 
     def key(self, binding: dict[str, int]) -> tuple:
         return tuple(sorted(binding.items()))
@@ -81,22 +83,49 @@ class ShapeGeneric:
         except BindError as exc:
             raise FeedError(str(exc)) from None
 
-    def program_for(self, binding: dict[str, int]):
-        """The Program and derived inputs of one binding: lowered on first sight, then kept."""
-        from .lower import lower
+    def program_for(self, binding: dict[str, int], defer_jit: bool | None = None):
+        """The Program and derived inputs of one binding: lowered on first sight, then kept.
+
+        A kernel of a new shape whose machine code is not cached (the generator chose another
+        loop for these sizes) runs as its NumPy evaluation while a worker process compiles it
+        (`defer_jit`, default: on unless a background compile failed); the first run after the
+        worker is done lowers the shape again, all of its kernels compiled."""
         key = self.key(binding)
         found = self.programs.get(key)
-        if found is not None:
+        if found is not None and key not in self.compiled_since:
             self.programs.move_to_end(key)
             return found
+        self.compiled_since.discard(key)
         start = time.perf_counter()
-        program = lower(specialize(self.plan, binding), **self.lower_options)
-        found = (program, self.signature.derive(binding))
+        from .lower import lower
+        defer = self.background_jit if defer_jit is None else defer_jit
+        program = lower(specialize(self.plan, binding), **self.lower_options, defer_jit=defer,
+                        shared=self.shared)
+        found = (program, found[1] if found else self.signature.derive(binding))
         self.lower_seconds[key] = time.perf_counter() - start
         self.programs[key] = found
+        self.programs.move_to_end(key)
         while len(self.programs) > MAX_SHAPES:
             self.programs.popitem(last=False)
+        if program.deferred:
+            self._compile_later(key, program.deferred)
         return found
+
+    def _compile_later(self, key: tuple, fns: list) -> None:
+        from ..backends.numba.parallel_jit import compile_in_background
+
+        def done(ok: bool) -> None:
+            if not ok:
+                self.background_jit = False      # compile in this process from now on
+            self.compiled_since.add(key)
+
+        self.jobs.append(compile_in_background(fns, done))
+
+    def wait(self) -> None:
+        """Wait for the kernels compiling in the background (tests, benchmarks)."""
+        for job in self.jobs:
+            job.join()
+        self.jobs.clear()
 
     def run(self, feeds: dict[str, Any], out: dict[str, np.ndarray] | None = None
             ) -> dict[str, np.ndarray]:

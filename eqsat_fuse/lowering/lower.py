@@ -37,7 +37,8 @@ BACKENDS = backend_names()          # the registered backends' names (`backends.
 def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
           storage_dtype: str = "float32", cache_dir: str | None = None,
           threads: int | None = None, reuse_inline: bool = True,
-          numerics: str = "exact") -> Program:
+          numerics: str = "exact", defer_jit: bool = False,
+          shared: dict | None = None) -> Program:
     """Fold constants, plan memory, and build the steps of `backend` (a name in BACKENDS).
 
     `storage_dtype` "float16" stores float32 intermediates as float16; `cache_dir` is where the
@@ -45,20 +46,29 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
     `threads` is the program's one thread setting (default: this process's cores, see
     `threads`): the Numba backend's parallel loops, with BLAS single-threaded inside them, or
     the NumPy backend's BLAS. `numerics` ("exact" or "fast") picks the kernels' floating-point
-    flags (`eqsat_fuse.numerics`).
+    flags (`eqsat_fuse.numerics`). `defer_jit`: a kernel that would need JIT compilation runs
+    as its NumPy evaluation, and the backend's `deferred` lists what to compile in the
+    background (see `lowering.generic`); `shared` is state the lowerings of one plan at several
+    shapes share: the folded constants (which no symbol changes) and the packed weights.
     """
     check_options(backend, storage_dtype)
     threads = resolve_threads(threads)
     started = time.perf_counter()
     opaque = OpaqueNodes(plan, opset)
-    constants = fold_constants(plan, opaque)
+    if shared is not None and "constants" in shared:
+        constants = shared["constants"]
+    else:
+        constants = fold_constants(plan, opaque)
+        if shared is not None:
+            shared["constants"] = constants
     fold_seconds = time.perf_counter() - started
     removed = 0
     if reuse_inline:
         plan, removed = reuse_inline_copies(plan)
         opaque.plan = plan
     storage = plan_storage(plan, constants, storage_dtype)
-    context = BackendContext(plan, constants, storage, opaque, cache_dir, threads, numerics)
+    context = BackendContext(plan, constants, storage, opaque, cache_dir, threads, numerics,
+                             defer_jit, shared)
     chosen = create_backend(backend, context)
     report = BackendReport(backend=backend, storage_dtype=storage_dtype, removed_kernels=removed,
                            threads=threads, numerics=numerics)
@@ -68,7 +78,9 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
     steps = chosen.bind(arena, prepared)
     chosen.fill_report(report)
     report.segments = sum(1 for s in steps.run_steps if getattr(s, "segment", False))
-    return build_program(plan, chosen, storage, arena, steps, report, fold_seconds)
+    program = build_program(plan, chosen, storage, arena, steps, report, fold_seconds)
+    program.deferred = list(getattr(chosen, "deferred", ()))   # to compile in the background
+    return program
 
 
 def check_options(backend: str, storage_dtype: str) -> None:

@@ -42,6 +42,7 @@ class BackendReport:
     numerics: str = "exact"               # the numerics mode (eqsat_fuse.numerics)
     removed_kernels: int = 0              # recomputed buffers read from the inline copy instead
     segments: int = 0                     # dispatches a run makes (each: kernels in sequence)
+    jit_deferred: int = 0                 # kernels run by NumPy while they compile elsewhere
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

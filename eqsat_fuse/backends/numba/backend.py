@@ -199,7 +199,7 @@ class NumbaBackend:
     def __init__(self, plan: KernelPlan, constants: dict[str, np.ndarray],
                  layouts: dict[str, Layout], stored: dict[str, str],
                  cache_dir: str | Path | None = None, threads: int | None = None,
-                 numerics: str = "exact"):
+                 numerics: str = "exact", shared: dict | None = None):
         from ...threads import resolve
         self.plan = plan
         self.numerics = numerics             # the generated kernels' fast-math flags
@@ -215,6 +215,9 @@ class NumbaBackend:
         self.entries: dict[Any, int] = {}          # kernel dispatcher -> its entry's address
         self._packer = None                         # the thread `packed` copies weights in
         self._packing: list = []                    # its copies not yet waited for
+        # packed weights by the memory they were packed from, kept by the lowerings of one
+        # plan at several shapes (BackendContext.shared), which fold the constants once
+        self._packed = {} if shared is None else shared.setdefault("packed", {})
 
     # -- tensors --
     def operand_dtype(self, a: Operand) -> str:
@@ -322,6 +325,15 @@ class NumbaBackend:
         than one thread the copy runs in a worker thread: its page faults and copying (0.1 s
         for the 180 MB of a 1,869-node decoder's weights) overlap generating and linking the
         other kernels; `finish_packing` waits for it, before the program runs."""
+        from . import packed_gemm as PG
+        key = (b.__array_interface__["data"][0], b.shape, b.strides, b.dtype.str)
+        if key in self._packed:
+            return self._packed[key][1]
+        out = self._pack(b)
+        self._packed[key] = (b, out)               # b kept: its address stays its own
+        return out
+
+    def _pack(self, b: np.ndarray) -> np.ndarray:
         from . import packed_gemm as PG
         if self.threads <= 1:
             return PG.pack(b)

@@ -24,6 +24,7 @@ from ..numpy.backend import NumpyKernel
 from .backend import Impl, NumbaBackend
 from .backend import Unsupported as CannotGenerate
 from .calls import run_calls
+from .parallel_jit import uncached
 from .segments import KernelCall, segment_tables
 from .source import held_dtype
 
@@ -55,13 +56,46 @@ class NumbaAdapter:
         self.context = context
         self.backend = NumbaBackend(context.plan, context.constants, storage.layouts,
                                     storage.stored, context.cache_dir, context.threads,
-                                    context.numerics)
+                                    context.numerics, context.shared)
+
+        self.deferred: list = []      # kernels left to compile in the background (defer_jit)
 
     def prepare(self, kernel: Kernel) -> Impl | Unsupported:
-        try:
-            return self.backend.prepare(kernel)
-        except CannotGenerate as why:
-            return Unsupported(str(why))
+        memo = None if self.context.shared is None else self.context.shared.setdefault("impls",
+                                                                                      {})
+        key = self._geometry(kernel) if memo is not None else None
+        impl = memo.get(key) if memo is not None else None
+        if impl is None:
+            try:
+                impl = self.backend.prepare(kernel)
+            except CannotGenerate as why:
+                return Unsupported(str(why))
+            if memo is not None:
+                memo[key] = impl
+        if self.context.defer_jit and uncached([impl.fn]):
+            self.deferred.append(impl.fn)
+            return Unsupported("compiling in the background (a shape seen for the first time)")
+        return impl
+
+    def _geometry(self, kernel: Kernel) -> str:
+        """Everything the generator reads of a kernel: its body, and each operand's layout,
+        dtypes, storage and constant. The lowerings of one plan at several shapes
+        (`lowering.generic`) share the kernels whose geometry a new shape leaves as it was
+        (in a decode step, every kernel that does not read the growing cache)."""
+        backend = self.backend
+        names = {kernel.output} | {a.ref for n in kernel.body for a in n.args
+                                   if a.kind in ("buffer", "const")}
+        parts = [kernel.kind, repr(kernel.info), repr([(n.op, n.args, n.attrs)
+                                                      for n in kernel.body])]
+        for name in sorted(names):
+            lay = backend.layouts.get(name)
+            storage = lay.storage if lay is not None else None
+            info = backend.plan.buffers.get(storage) if storage else None
+            parts.append(repr((name, lay, backend.stored.get(storage), storage in
+                               backend.external, info, id(backend.constants.get(name)),
+                               id(backend.constants.get(storage)),
+                               name in backend.plan.inputs and backend.plan.inputs[name])))
+        return "\n".join(parts)
 
     def bind(self, arena: Arena, prepared: list[Prepared]) -> Steps:
         """A step per kernel (for profiling) and the run steps: segments of compiled kernels,
@@ -108,6 +142,7 @@ class NumbaAdapter:
         report.jit_workers = stats.workers
         report.jit_loaded = stats.loaded
         report.sources = stats.sources
+        report.jit_deferred = len({id(fn) for fn in self.deferred})
 
 
 class _NumbaBinder:

@@ -125,6 +125,36 @@ def compile_all(fns: list, cores: int, compile_here) -> tuple[int, int]:
     return len(workers), done[0]
 
 
+def compile_in_background(fns: list, done) -> threading.Thread:
+    """Compile the kernels `fns` in one worker process, off this process's critical path (a
+    thread waits for it); then `done(ok)`, with ok False when the worker could not start or
+    failed on a module (the next lowering then compiles those here, as it always could)."""
+    def work() -> None:
+        todo = uncached(list({id(f): f for f in fns}.values()))
+        worker = _start_worker() if todo else None
+        ok = not todo
+        if worker is not None:
+            try:
+                ok = True
+                for fn in todo:
+                    worker.stdin.write("\t".join(_module_of(fn)) + "\n")
+                    worker.stdin.flush()
+                    ok = ok and worker.stdout.readline().strip() == "ok"
+            except (OSError, ValueError):
+                ok = False
+            finally:
+                try:
+                    worker.stdin.close()
+                except OSError:
+                    pass
+                worker.wait()
+        done(ok)
+
+    thread = threading.Thread(target=work, daemon=True, name="eqsat-fuse-jit")
+    thread.start()
+    return thread
+
+
 def _compile_module(name: str, path: str) -> None:
     """Load the generated module `name` from `path` and compile its kernel for the one kernel
     signature, which writes its cache files."""
