@@ -34,6 +34,7 @@ class Signature:
     opset_imports: list[Any] = field(default_factory=list)
     symbols: dict[str, str] = field(default_factory=dict)    # symbol -> where it comes from
     representative: dict[str, int] = field(default_factory=dict)   # what extraction priced
+    runners: dict = field(default_factory=dict, repr=False)   # the recipe's node runners
 
     @property
     def symbolic(self) -> bool:
@@ -92,9 +93,16 @@ class Signature:
             return self.constants[name]
 
         if self.recipe:
-            from .backends.reference import run_node
-            for node in self.recipe:
-                outputs = run_node(node, [value(i) for i in node.input], self.opset_imports)
+            from .backends.reference import NodeRunner
+            for index, node in enumerate(self.recipe):
+                inputs = [value(i) for i in node.input]
+                key = (index, tuple(None if v is None else v.dtype.str for v in inputs))
+                runner = self.runners.get(key)
+                if runner is None:      # built once: any shape of those dtypes runs through it
+                    runner = self.runners[key] = NodeRunner(
+                        node, [None if v is None else (n, v.dtype, None)
+                               for n, v in zip(node.input, inputs)], self.opset_imports)
+                outputs = runner.run(inputs)
                 values.update((o, np.asarray(v)) for o, v in zip(node.output, outputs) if o)
         return {name: value(name) for name in self.derived}
 

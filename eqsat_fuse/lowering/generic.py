@@ -22,30 +22,36 @@ from typing import Any
 
 import numpy as np
 
-from ..dims import evaluate_all
+from ..dims import evaluate_all, has_dims
 from ..errors import FeedError
 from ..ir import ConstExpr, Kernel, KernelPlan, TensorInfo
 from ..signature import BindError, Signature
 
-# concrete shapes kept lowered at once (each holds its own arena)
-MAX_SHAPES = 16
+# concrete shapes kept lowered at once (each holds its own arena): a decode loop of 64 tokens
+MAX_SHAPES = 64
 
 
 def _info(info: TensorInfo | None, binding: dict[str, int]) -> TensorInfo | None:
-    if info is None:
-        return None
+    if info is None or not has_dims(tuple(info.shape)):
+        return info
     return TensorInfo(tuple(evaluate_all(tuple(info.shape), binding)), info.dtype)
 
 
+def _symbolic_kernel(kernel: Kernel) -> bool:
+    return has_dims(tuple(kernel.info.shape)) or any(has_dims(list(n.attrs.values()))
+                                                     for n in kernel.body)
+
+
 def specialize(plan: KernelPlan, binding: dict[str, int]) -> KernelPlan:
-    """`plan` with every symbolic dim evaluated under `binding`."""
+    """`plan` with every symbolic dim evaluated under `binding` (a kernel without one is
+    shared with `plan` as it is)."""
     def body(nodes):
         return [replace(n, attrs={k: evaluate_all(v, binding) for k, v in n.attrs.items()})
                 for n in nodes]
 
     kernels = [Kernel(name=k.name, output=k.output, inputs=list(k.inputs), body=body(k.body),
                       kind=k.kind, info=_info(k.info, binding), eclass=k.eclass)
-               for k in plan.kernels]
+               if _symbolic_kernel(k) else k for k in plan.kernels]
     constants = {n: ConstExpr(c.name, body(c.body), _info(c.info, binding))
                  for n, c in plan.constants.items()}
     return KernelPlan(kernels=kernels,
