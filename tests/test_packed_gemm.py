@@ -41,6 +41,7 @@ def test_the_backend_packs_weights_in_a_worker_thread_and_waits_for_them(threads
     from eqsat_fuse.backends.numba.backend import NumbaBackend
     backend = NumbaBackend.__new__(NumbaBackend)
     backend.threads, backend._packer, backend._packing = threads, None, []
+    backend._packed = {}
     fillers = []
     real = PG.pack_into
 
@@ -53,6 +54,9 @@ def test_the_backend_packs_weights_in_a_worker_thread_and_waits_for_them(threads
                for i in range(3)]
     outs = [backend.packed(w) for w in weights[:2]] + [backend.packed(weights[2].T.copy().T)]
     backend.finish_packing()
+    # the same weights (the same memory, as the lowerings of one plan at several shapes share
+    # them) are packed once
+    assert backend.packed(weights[0]) is outs[0] and len(fillers) == 3
     for w, out in zip(weights, outs):
         np.testing.assert_array_equal(out, PG.pack(w))
     assert fillers[:3] == [threads == 1] * 3

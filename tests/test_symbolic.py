@@ -289,3 +289,23 @@ def test_shapes_share_the_folded_constants_and_the_kernels_whose_geometry_stays(
     shared = [name for name, value in first.constants.items()
               if second.constants[name] is value]
     assert shared == list(first.constants)
+
+
+def test_the_cli_runs_a_model_with_open_dims_at_the_fed_shape_and_takes_dim(tmp_path):
+    import subprocess
+    import sys
+    feeds = _bert_feeds(2, 11, seed=5)
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    proc = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "run", str(BERT), "--inputs",
+                           str(tmp_path / "feeds.npz"), "-o", str(tmp_path / "out.npz"),
+                           "--backend", "numpy", "--dim", "seq=16,batch=2", "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(tmp_path / "out.npz")
+    session = ort.InferenceSession(str(BERT), providers=["CPUExecutionProvider"])
+    want = session.run(None, feeds)
+    np.testing.assert_allclose(got["last_hidden_state"], want[0], rtol=1e-3, atol=1e-4)
+    bad = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "run", str(BERT), "--inputs",
+                          str(tmp_path / "feeds.npz"), "--dim", "seq", "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "expected NAME=VALUE" in bad.stderr
