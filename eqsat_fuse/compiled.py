@@ -127,8 +127,7 @@ class Compiled:
         from .tools.export import export_model, inline_functions, save_model
 
         self._need_source("to_onnx")
-        self._need_static("to_onnx")
-        model = export_model(self.program, self._source, opset=opset)
+        model = export_model(self.program, self._source, opset=opset, generic=self.generic)
         if inline:
             model = inline_functions(model)
         if path is not None:

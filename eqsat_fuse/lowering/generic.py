@@ -27,8 +27,11 @@ from ..errors import FeedError
 from ..ir import ConstExpr, Kernel, KernelPlan, TensorInfo
 from ..signature import BindError, Signature
 
-# concrete shapes kept lowered at once (each holds its own arena): a decode loop of 64 tokens
-MAX_SHAPES = 64
+# concrete shapes kept lowered at once (each holds its own arena), the least recently run
+# dropped first: at most this many, and arenas of at most MAX_ARENA_BYTES together (a decode
+# loop of a few hundred tokens keeps every step)
+MAX_SHAPES = 512
+MAX_ARENA_BYTES = 2 << 30
 
 
 def _info(info: TensorInfo | None, binding: dict[str, int]) -> TensorInfo | None:
@@ -111,7 +114,9 @@ class ShapeGeneric:
         self.lower_seconds[key] = time.perf_counter() - start
         self.programs[key] = found
         self.programs.move_to_end(key)
-        while len(self.programs) > MAX_SHAPES:
+        while len(self.programs) > 1 and (
+                len(self.programs) > MAX_SHAPES
+                or sum(p.arena.nbytes for p, _ in self.programs.values()) > MAX_ARENA_BYTES):
             self.programs.popitem(last=False)
         if program.deferred:
             self._compile_later(key, program.deferred)

@@ -301,9 +301,8 @@ def _contraction_shape(eg: SerializedEGraph, node: ENode, children: list[int]):
         return (a[1] if trans_a else a[0], b[0] if trans_b else b[1])
     if len(a) < 2 or len(b) < 2:
         return None
-    import numpy as np
     try:
-        batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+        batch = broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
     except ValueError:
         return None
     return tuple(batch) + (a[-2], b[-1])

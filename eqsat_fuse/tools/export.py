@@ -44,6 +44,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..dims import bare_symbol, has_dims, is_symbolic
 from ..errors import EqsatFuseError
 from ..files import write_atomically
 from ..frontend.importer import CANONICAL_OPSET
@@ -52,6 +53,7 @@ from ..frontend.reading import EXPORT_DOMAIN, inline_functions  # noqa: F401  (e
 from ..ir import BodyNode, Kernel, Operand, TensorInfo
 from ..lowering.lower import contiguous
 from ..ops import OPS
+from .export_dims import DimWriter
 
 MIN_OPSET = 18              # ReduceMean takes its axes as an input from opset 18 on
 # Tensors bigger than this in total go to an external data file (protobuf caps a message at
@@ -67,9 +69,12 @@ class ExportError(EqsatFuseError):
 # ---- the stage ----------------------------------------------------------------------------------
 
 def export_model(program, source: onnx.ModelProto | None = None,
-                 opset: int | None = None) -> onnx.ModelProto:
+                 opset: int | None = None, generic=None) -> onnx.ModelProto:
     """The lowered program (`lower.Program`) as an ONNX model; `source` is the original model
-    (for its graph name, and its opset when newer than the canonical one)."""
+    (for its graph name, and its opset when newer than the canonical one). With `generic` (a
+    `lowering.generic.ShapeGeneric`), its symbolic plan is written instead, the dims computed in
+    the graph (`export_dims`), so that the model runs at every shape; `source` is needed then,
+    for the inputs' and outputs' declarations."""
     opset = default_opset(source) if opset is None else int(opset)
     if opset < MIN_OPSET:
         raise ExportError(f"cannot export to opset {opset}: eqsat-fuse writes opset "
@@ -79,7 +84,7 @@ def export_model(program, source: onnx.ModelProto | None = None,
             if _since(op_type, opset) != _since(op_type, CANONICAL_OPSET):
                 raise ExportError(f"cannot export to opset {opset}: the model's {op_type} node "
                                   f"follows opset {CANONICAL_OPSET}, where {op_type} differs")
-    return _Exporter(program, opset, source).model()
+    return _Exporter(program, opset, source, generic).model()
 
 
 def _opaque_op_types(plan) -> set[str]:
@@ -159,7 +164,10 @@ def _elem_type(dtype: str) -> int:
 
 
 def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, _elem_type(info.dtype), list(info.shape))
+    """A value's declaration; a symbolic dim is its symbol's name (a `dim_param`), an
+    expression of symbols an unknown dim."""
+    dims = [(bare_symbol(d) if is_symbolic(d) else d) for d in info.shape]
+    return helper.make_tensor_value_info(name, _elem_type(info.dtype), dims)
 
 
 def _freeze(value: Any) -> Any:
@@ -171,7 +179,14 @@ def _freeze(value: Any) -> Any:
 
 
 def _ints(values) -> list[int]:
+    if has_dims(list(values)):
+        raise ExportError(f"the symbolic dims {[str(v) for v in values]} have no ONNX attribute "
+                          f"form")
     return [int(v) for v in values]
+
+
+def _symbolic(kernel: Kernel) -> bool:
+    return any(has_dims(list(n.attrs.values())) for n in kernel.body)
 
 
 class _Scope:
@@ -221,6 +236,10 @@ class _Scope:
         return name
 
     def ints(self, values, hint: str) -> str:
+        if self.exporter.dims is not None and has_dims(list(values)):
+            if self.function:
+                raise ExportError("a symbolic dim inside a fused kernel's function")
+            return self.exporter.dims.vector(list(values), hint)
         return self.literal(np.asarray(_ints(values), dtype=np.int64).reshape(-1), hint)
 
     def scalar(self, value: float, dtype: str | None, hint: str) -> str:
@@ -228,9 +247,9 @@ class _Scope:
 
 
 class _Exporter:
-    def __init__(self, program, opset: int, source: onnx.ModelProto | None):
+    def __init__(self, program, opset: int, source: onnx.ModelProto | None, generic=None):
         self.program = program
-        self.plan = program.plan
+        self.plan = program.plan if generic is None else generic.plan
         self.constants: dict[str, np.ndarray] = program.constants
         self.opset = opset
         self.source = source
@@ -243,6 +262,14 @@ class _Exporter:
         taken = set(plan.inputs) | set(plan.buffers) | set(plan.outputs) | set(self.constants)
         taken |= {a.ref for k in plan.kernels for b in k.body for a in b.args
                   if a.kind in ("buffer", "const")}
+        self.dims = None
+        if generic is not None:
+            if source is None:
+                raise ExportError("exporting a shape-generic program needs its source model")
+            sig = generic.signature
+            taken |= set(sig.shape_values) | {o for n in sig.recipe for o in n.output}
+            taken |= set(sig.constants)
+            self.dims = DimWriter(self, sig)
         self.graph = _Scope(self, function=False, taken=taken)
 
     # -- values of the plan --
@@ -286,10 +313,14 @@ class _Exporter:
             if ref == name and ref in self.constants and ref not in plan.buffers \
                     and ref not in plan.inputs:
                 self._constant_node(name, ref)     # kernels may read it too: written first
+        if self.dims is not None:
+            self.dims.write_derived()
         for kernel in plan.kernels:
             if not kernel.body:
                 raise ExportError(f"kernel {kernel.name} has an empty body")
-            if len(kernel.body) > 1:
+            # a fused kernel whose attributes hold symbolic dims is written inline: its dims
+            # are graph values, which a function body cannot read
+            if len(kernel.body) > 1 and not (self.dims is not None and _symbolic(kernel)):
                 self._call(kernel)
             else:
                 self._emit_body(self.graph, kernel.body, self.graph_name, self._operand_dtype,
@@ -310,8 +341,13 @@ class _Exporter:
             outputs.append(_value_info(name, info))
         inputs = [_value_info(name, info) for name, info in plan.inputs.items()]
         hidden = set(plan.inputs) | set(plan.outputs)
+        if self.dims is not None:      # the model's own declarations, dim_params and all
+            declared = {vi.name: vi for vi in [*self.source.graph.input,
+                                               *self.source.graph.output]}
+            inputs = [declared[name] for name in self.dims.signature.inputs]
+            outputs = [declared.get(o.name, o) for o in outputs]
         value_info = [_value_info(name, info) for name, info in self.value_info.items()
-                      if name not in hidden]
+                      if name not in hidden and not has_dims(list(info.shape))]
 
         fused = sum(1 for k in plan.kernels if len(k.body) > 1)
         graph = helper.make_graph(
@@ -532,9 +568,9 @@ class _Exporter:
         elif op == "Transpose":
             emit(op, args, perm=_ints(a["perm"]))
         elif op in ("Reshape", "Expand"):
-            shape = _ints(a["shape"])
+            shape = list(a["shape"])
             inputs = [args[0], scope.ints(shape, f"{_hint(out, scope)}shape")]
-            if op == "Reshape" and 0 in shape:
+            if op == "Reshape" and any(not is_symbolic(d) and d == 0 for d in shape):
                 emit(op, inputs, allowzero=1)       # a 0 in the shape is a real 0-sized dim
             else:
                 emit(op, inputs)
