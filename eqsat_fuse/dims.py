@@ -420,26 +420,25 @@ def mod(a, b):
     return _opaque("%", a, b)
 
 
-def dmin(a, b):
+def _extremum(op: str, a, b):
+    """min(a, b) (op "min") or max(a, b) ("max"): one of them where the order holds for every
+    value of the symbols, else an opaque factor."""
     a, b = dim(a), dim(b)
     if a == b:
         return a
     if known_le(a, b):
-        return a
+        return a if op == "min" else b
     if known_le(b, a):
-        return b
-    return _opaque("min", *sorted((a, b), key=str))
+        return b if op == "min" else a
+    return _opaque(op, *sorted((a, b), key=str))
+
+
+def dmin(a, b):
+    return _extremum("min", a, b)
 
 
 def dmax(a, b):
-    a, b = dim(a), dim(b)
-    if a == b:
-        return a
-    if known_le(a, b):
-        return b
-    if known_le(b, a):
-        return a
-    return _opaque("max", *sorted((a, b), key=str))
+    return _extremum("max", a, b)
 
 
 _OPS = {"//": floordiv, "%": mod, "min": dmin, "max": dmax}

@@ -21,7 +21,9 @@ CANONICAL_OPSET = 21
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Static shape and dtype (a NumPy dtype name such as "float32") of one value."""
+    """Shape and dtype (a NumPy dtype name such as "float32") of one value. A dim is an int,
+    or, in a model with open input dims, a `dims.Dim` expression of its symbols (then `size`
+    and `nbytes` are not numbers: evaluate the shape at a binding first)."""
 
     shape: tuple[int, ...]
     dtype: str
@@ -53,7 +55,8 @@ class Node:
 
 @dataclass
 class Graph:
-    """An imported ONNX model: nodes in topological order over values with static shapes."""
+    """An imported ONNX model: nodes in topological order over values with shapes (static, or
+    symbolic where the inputs leave dims open: `signature`)."""
 
     name: str
     nodes: list[Node]

@@ -15,6 +15,7 @@ masks, positions) are computed once per shape.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import replace
@@ -76,6 +77,9 @@ class ShapeGeneric:
         self.background_jit = True          # a new shape's uncached kernels compile elsewhere
         self.compiled_since: set[tuple] = set()   # shapes whose deferred kernels are now cached
         self.jobs: list = []
+        self.lock = threading.Lock()        # the sets below are written by the jobs' threads
+        self.in_flight: set[str] = set()    # kernel modules a worker is compiling
+        self.waiting: set[tuple] = set()    # shapes lowered while some were in flight
         self.shared: dict = {}              # folded constants, packed weights (lower's `shared`)
 
     def key(self, binding: dict[str, int]) -> tuple:
@@ -101,10 +105,12 @@ class ShapeGeneric:
         worker is done lowers the shape again, all of its kernels compiled."""
         key = self.key(binding)
         found = self.programs.get(key)
-        if found is not None and key not in self.compiled_since:
+        with self.lock:
+            again = key in self.compiled_since
+            self.compiled_since.discard(key)
+        if found is not None and not again:
             self.programs.move_to_end(key)
             return found
-        self.compiled_since.discard(key)
         start = time.perf_counter()
         from .lower import lower
         defer = self.background_jit if defer_jit is None else defer_jit
@@ -123,14 +129,26 @@ class ShapeGeneric:
         return found
 
     def _compile_later(self, key: tuple, fns: list) -> None:
+        """Compile `fns` in a worker process, each kernel once however many shapes wait for it
+        (a shape whose kernels another job is compiling is lowered again when that one ends)."""
         from ..backends.numba.parallel_jit import compile_in_background
+        with self.lock:
+            self.waiting.add(key)
+            todo = [fn for fn in fns if fn.py_func.__module__ not in self.in_flight]
+            names = {fn.py_func.__module__ for fn in todo}
+            self.in_flight |= names
+        if not todo:
+            return
 
-        def done(ok: bool) -> None:
-            if not ok:
-                self.background_jit = False      # compile in this process from now on
-            self.compiled_since.add(key)
+        def done(ok: bool) -> None:          # in the job's thread
+            with self.lock:
+                if not ok:
+                    self.background_jit = False      # compile in this process from now on
+                self.in_flight -= names
+                self.compiled_since |= self.waiting
+                self.waiting = set()
 
-        self.jobs.append(compile_in_background(fns, done))
+        self.jobs.append(compile_in_background(todo, done))
 
     def wait(self) -> None:
         """Wait for the kernels compiling in the background (tests, benchmarks)."""

@@ -64,6 +64,15 @@ def _start_worker() -> subprocess.Popen | None:
         return None
 
 
+def _close(worker: subprocess.Popen) -> None:
+    """End a worker's input (it exits) and wait for it."""
+    try:
+        worker.stdin.close()
+    except OSError:
+        pass
+    worker.wait()
+
+
 def compile_all(fns: list, cores: int, compile_here) -> tuple[int, int]:
     """Compile the kernels `fns` (dispatchers of generated modules) on up to `cores` cores,
     `compile_here(fn)` being how this process compiles one; returns how many worker processes
@@ -102,11 +111,7 @@ def compile_all(fns: list, cores: int, compile_here) -> tuple[int, int]:
                     if not answer:
                         break
         finally:
-            try:
-                worker.stdin.close()
-            except OSError:
-                pass
-            worker.wait()
+            _close(worker)
 
     workers = [w for w in (_start_worker() for _ in range(count)) if w is not None]
     feeders = [threading.Thread(target=feed, args=(w,), daemon=True) for w in workers]
@@ -143,11 +148,7 @@ def compile_in_background(fns: list, done) -> threading.Thread:
             except (OSError, ValueError):
                 ok = False
             finally:
-                try:
-                    worker.stdin.close()
-                except OSError:
-                    pass
-                worker.wait()
+                _close(worker)
         done(ok)
 
     thread = threading.Thread(target=work, daemon=True, name="eqsat-fuse-jit")
