@@ -15,6 +15,10 @@ class ModelError(EqsatFuseError):
     """The ONNX model cannot be read or compiled (bad file, unknown shapes, unsupported form)."""
 
 
+class ExportError(EqsatFuseError):
+    """The compiled program holds something that has no ONNX form here (`to_onnx`)."""
+
+
 class RuleFileError(EqsatFuseError):
     """A rule file is malformed or uses a forbidden command; names the file, line and column."""
 

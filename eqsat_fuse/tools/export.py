@@ -45,7 +45,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..dims import bare_symbol, has_dims, is_symbolic
-from ..errors import EqsatFuseError
+from ..errors import EqsatFuseError, ExportError  # noqa: F401  (ExportError: also from here)
 from ..files import write_atomically
 from ..frontend.importer import CANONICAL_OPSET
 from ..frontend.protos import all_tensors
@@ -60,10 +60,6 @@ MIN_OPSET = 18              # ReduceMean takes its axes as an input from opset 1
 # 2 GiB; the margin leaves room for the graph itself).
 EXTERNAL_DATA_BYTES = (2 << 30) - (64 << 20)
 EXTERNAL_MIN_TENSOR = 1024  # smaller tensors stay inside the model file
-
-
-class ExportError(EqsatFuseError):
-    """The compiled program holds something that has no ONNX form here."""
 
 
 # ---- the stage ----------------------------------------------------------------------------------

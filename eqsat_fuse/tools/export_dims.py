@@ -16,6 +16,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from ..dims import Dim, bare_symbol, is_symbolic
+from ..errors import ExportError
 
 
 class DimWriter:
@@ -59,7 +60,6 @@ class DimWriter:
     def _factor(self, factor) -> str:
         if isinstance(factor, str):
             if factor not in self.where:
-                from .export import ExportError
                 raise ExportError(f"the symbol {factor!r} is no input's dim: the exported model "
                                   f"could not compute it")
             name, axis = self.where[factor]
