@@ -324,7 +324,7 @@ def from_json(data) -> Union[Dim, int]:
 # ---- ordering: what holds for every value of the symbols (each >= 0) ----
 
 def _bounds(x) -> tuple[float, float]:
-    """Lower and upper bounds of x over all symbol values >= 0 (opaque factors >= 0)."""
+    """Lower and upper bounds of x over all symbol values >= 0."""
     if not isinstance(x, Dim):
         return float(x), float(x)
     lo, hi = 0.0, 0.0
@@ -332,15 +332,27 @@ def _bounds(x) -> tuple[float, float]:
         if mono == ():
             lo += coeff
             hi += coeff
-            continue
-        least = 0.0
-        if coeff > 0:
-            lo += coeff * least
+        elif not all(_nonnegative(f) for f, _ in mono):
+            return float("-inf"), float("inf")     # a factor of either sign
+        elif coeff > 0:                            # a monomial >= 0
             hi = float("inf")
         else:
-            hi += coeff * least
             lo = float("-inf")
     return lo, hi
+
+
+def _nonnegative(factor) -> bool:
+    """Whether a factor is >= 0 for every value of the symbols."""
+    if isinstance(factor, str):
+        return True
+    op, a, b = factor
+    if op == "//":
+        return _bounds(a)[0] >= 0 and _bounds(b)[0] > 0
+    if op == "%":
+        return _bounds(b)[0] > 0
+    if op == "min":
+        return _bounds(a)[0] >= 0 and _bounds(b)[0] >= 0
+    return _bounds(a)[0] >= 0 or _bounds(b)[0] >= 0          # max
 
 
 def _sign(x, op: str) -> int:

@@ -341,3 +341,37 @@ def test_at_the_representative_shape_the_program_is_the_static_one(path, shapes,
     static = ef.compile(path, backend="numpy", input_shapes=shapes)
     assert generic.report.cost == pytest.approx(static.report.cost, rel=1e-9)
     assert [k.ops for k in generic.report.kernels] == [k.ops for k in static.report.kernels]
+
+
+def _open_image_dims(name: str) -> onnx.ModelProto:
+    model = onnx.load(str(MODELS / name))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    for axis, param in ((0, "N"), (2, "H"), (3, "W")):
+        dims[axis].Clear()
+        dims[axis].dim_param = param
+    out = model.graph.output[0].type.tensor_type.shape.dim[0]
+    out.Clear()
+    out.dim_param = "N"
+    return model
+
+
+@pytest.mark.parametrize("name", ["efficientnet_tiny_op17.onnx", "mobilenetv2_tfpad_op13.onnx"])
+def test_a_cnn_with_open_batch_height_and_width_runs_at_every_size(name):
+    # EfficientNet's head is a ceil-mode AveragePool (its size a min of two floor divisions of
+    # H); the TF-padding MobileNet computes its Pad widths from the input's shape
+    model = _open_image_dims(name)
+    compiled = ef.compile(model, backend="numpy")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in ((1, 3, 64, 64), (2, 3, 48, 80), (1, 3, 33, 47)):
+        x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+        want = session.run(None, {"pixel_values": x})[0]
+        got = compiled.run({"pixel_values": x})["logits"]
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4, err_msg=str(shape))
+
+
+def test_an_opaque_factor_of_either_sign_decides_nothing():
+    h = symbol("h")
+    maybe_negative = floordiv(h - 5, 3)         # negative for h < 5
+    assert dmax(maybe_negative, 0) != maybe_negative
+    assert dmax(maybe_negative, 0).evaluate({"h": 2}) == 0
+    assert dmax(floordiv(h, 3), 0) == floordiv(h, 3)

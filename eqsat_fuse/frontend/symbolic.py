@@ -449,9 +449,17 @@ class _Walk:
             if not is_symbolic(n):
                 out.append(_pool_out_size(n, k, pb, pe, s, d, ceil))
                 continue
-            if ceil:
-                raise SymbolicError("ceil-mode pooling over a symbolic dim")
-            out.append(floordiv(n + pb + pe - ((k - 1) * d + 1), s) + 1)
+            num = n + pb + pe - ((k - 1) * d + 1)
+            if not ceil:
+                out.append(floordiv(num, s) + 1)
+                continue
+            # onnxruntime's ceil mode (`_pool_out_size`): ceil(num / s) + 1, less one where the
+            # last window would start past the input and the left padding, i.e. the least of
+            # it and ceil((n + pb) / s); exact while the end padding is under a window
+            if pe > (k - 1) * d:
+                raise SymbolicError("ceil-mode pooling over a symbolic dim with an end padding "
+                                    "of a whole window")
+            out.append(dmin(floordiv(num + s - 1, s) + 1, floordiv(n + pb + s - 1, s)))
         channels = ins[1].shape[0] if op == "Conv" else x[1]
         return (x[0], channels, *out)
 
