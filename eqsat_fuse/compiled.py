@@ -153,15 +153,7 @@ class Compiled:
         `force`, and never the model this was compiled from."""
         from .artifacts import write_artifact
 
-        self._need_static("save")
         return write_artifact(self, path, force=force)
-
-    def _need_static(self, what: str) -> None:
-        if self.generic is not None:
-            dims = ", ".join(sorted(self.generic.signature.symbols))
-            raise EqsatFuseError(f"{what} of a shape-generic program (open dims: {dims}) is not "
-                                 f"supported yet; compile with input_shapes= (--input-shape) "
-                                 f"for a static program to {what}")
 
     def _need_source(self, what: str) -> None:
         if self._source is None:
@@ -187,4 +179,5 @@ def load(path: str | Path, threads: int | None = None, recompile: bool = True,
 
     loaded = read_artifact(path, threads=threads, recompile=recompile,
                            saved_kernels=saved_kernels, reading=reading)
-    return Compiled(loaded.program, loaded.report, None, opset=loaded.opset)
+    return Compiled(loaded.program, loaded.report, None, opset=loaded.opset,
+                    generic=loaded.generic)

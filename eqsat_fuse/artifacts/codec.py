@@ -5,8 +5,9 @@ compiled again instead of loaded.
 
 JSON holds None, bools, ints, strings, lists and finite floats as they are (`json` writes a
 float's shortest exact `repr`); everything else is an object with one `$` key: tuples, dicts,
-non-finite floats, NumPy scalars and small arrays (raw bytes in base64), bytes, and the ONNX
-nodes of opaque kernels (their protobuf bytes; `ParseFromString` reads data, never code).
+non-finite floats, NumPy scalars and small arrays (raw bytes in base64), bytes, symbolic dims
+(`dims.to_json`: data, never evaluated as code), and the ONNX nodes of opaque kernels (their
+protobuf bytes; `ParseFromString` reads data, never code).
 Decoding accepts these tags only, and the fields of the plan's dataclasses only, so a plan
 from an untrusted file becomes plain data or an `ArtifactError`.
 
@@ -22,6 +23,7 @@ import math
 from typing import Any
 
 import numpy as np
+from ..dims import Dim, from_json, to_json
 from ..errors import ArtifactError
 from ..ir import BodyNode, ConstExpr, Kernel, KernelPlan, Node, Operand, TensorInfo
 
@@ -63,6 +65,8 @@ def encode_value(value: Any, where: str) -> Any:
                 "data": _b64(np.ascontiguousarray(value).tobytes())}
     if isinstance(value, bytes):
         return {"$bytes": _b64(value)}
+    if isinstance(value, Dim):
+        return {"$dim": to_json(value)["dim"]}
     name = type(value).__name__
     if name in _PROTO_NAMES and isinstance(value, _proto(name)):
         return {"$onnx": name, "data": _b64(value.SerializeToString())}
@@ -97,6 +101,11 @@ def decode_value(data: Any) -> Any:
         return flat.reshape(shape).copy()
     if tag == "$bytes":
         return _unb64(data[tag])
+    if tag == "$dim":
+        try:
+            return from_json({"dim": data[tag]})
+        except (ValueError, TypeError) as why:
+            raise ArtifactError(f"a stored symbolic dim does not parse: {why}") from None
     if tag == "$onnx" and data[tag] in _PROTO_NAMES:
         proto = _proto(data[tag])()
         try:
@@ -197,14 +206,18 @@ def constant_plan(plan: KernelPlan, infos: dict[str, TensorInfo | None],
 
 
 def _info(info: TensorInfo) -> dict[str, Any]:
-    return {"shape": [int(d) for d in info.shape], "dtype": str(info.dtype)}
+    return {"shape": [encode_value(d, "a shape") if isinstance(d, Dim) else int(d)
+                      for d in info.shape], "dtype": str(info.dtype)}
 
 
 def _info_from(data: dict) -> TensorInfo:
     shape = data["shape"]
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+    if not isinstance(shape, list):
         raise ValueError(f"shape {shape!r}")
-    return TensorInfo(tuple(shape), str(_dtype(data["dtype"])))
+    dims = [decode_value(d) if isinstance(d, dict) else d for d in shape]
+    if not all(isinstance(d, Dim) or (type(d) is int and d >= 0) for d in dims):
+        raise ValueError(f"shape {shape!r}")
+    return TensorInfo(tuple(dims), str(_dtype(data["dtype"])))
 
 
 def _kernel_to_json(kernel: Kernel) -> dict[str, Any]:
@@ -259,3 +272,66 @@ def _node_from_json(data: dict) -> Node:
     return Node(op=str(data["op"]), inputs=[None if i is None else str(i) for i in data["inputs"]],
                 outputs=[str(o) for o in data["outputs"]], attrs=_attrs_from_json(data["attrs"]),
                 name=str(data["name"]), onnx_node=onnx_node)
+
+
+# ---- the symbolic signature of a shape-generic program -------------------------------------------
+
+def signature_to_json(sig) -> dict[str, Any]:
+    """A `signature.Signature` as JSON-ready data (its recipe's constants are stored with the
+    program's, as arrays: `signature_constants`)."""
+    where = "the symbolic signature"
+    return {
+        "inputs": {n: encode_value(list(s), where) for n, s in sig.inputs.items()},
+        "derived": list(sig.derived),
+        "shape_values": {n: {"shape": list(v.shape),
+                             "values": encode_value(list(v.reshape(-1)), where)}
+                         for n, v in sig.shape_values.items()},
+        "recipe": [encode_value(node, where) for node in sig.recipe],
+        "constants": sorted(sig.constants),
+        "constraints": [[encode_value(d, where), encode_value(list(allowed), where), str(why)]
+                        for d, allowed, why in sig.constraints],
+        "opset_imports": [[o.domain, int(o.version)] for o in sig.opset_imports],
+        "symbols": dict(sig.symbols), "representative": dict(sig.representative),
+    }
+
+
+def signature_from_json(data: Any, constants: dict[str, np.ndarray]):
+    """The `Signature` `signature_to_json` wrote; an `ArtifactError` for anything else."""
+    from onnx import helper
+
+    from ..signature import Signature
+    try:
+        shape_values = {}
+        for name, entry in data["shape_values"].items():
+            values = decode_value(entry["values"])
+            array = np.empty(len(values), dtype=object)
+            for i, v in enumerate(values):
+                if not isinstance(v, (int, Dim)) or isinstance(v, bool):
+                    raise ValueError(f"shape value {name!r}")
+                array[i] = v
+            shape_values[str(name)] = array.reshape([int(d) for d in entry["shape"]])
+        recipe = [decode_value(node) for node in data["recipe"]]
+        if not all(isinstance(node, _proto("NodeProto")) for node in recipe):
+            raise ValueError("a recipe node")
+        missing = sorted(set(data["constants"]) - set(constants))
+        if missing:
+            raise ValueError(f"constant {missing[0]!r} of the recipe")
+        return Signature(
+            inputs={str(n): tuple(_dims(decode_value(s))) for n, s in data["inputs"].items()},
+            derived=[str(n) for n in data["derived"]], shape_values=shape_values,
+            recipe=recipe, constants={n: constants[n] for n in data["constants"]},
+            constraints=[(_dims([decode_value(d)])[0], tuple(_dims(decode_value(a))), str(why))
+                         for d, a, why in data["constraints"]],
+            opset_imports=[helper.make_opsetid(str(d), int(v)) for d, v in data["opset_imports"]],
+            symbols={str(k): str(v) for k, v in data["symbols"].items()},
+            representative={str(k): int(v) for k, v in data["representative"].items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as why:
+        raise ArtifactError(f"the stored symbolic signature is not one this eqsat-fuse reads "
+                            f"({why!r})") from None
+
+
+def _dims(values: Any) -> list:
+    if not isinstance(values, list) or not all(
+            isinstance(v, Dim) or (type(v) is int) for v in values):
+        raise ValueError(f"dims {str(values)[:60]}")
+    return values

@@ -35,7 +35,7 @@ from ..lowering.lower import Program, lower
 from ..lowering.program import contiguous
 from ..tools.report import KernelReport, Report
 from . import kernels
-from .codec import plan_from_json, plan_to_json
+from .codec import plan_from_json, plan_to_json, signature_from_json, signature_to_json
 from .reading import FORMAT, FORMAT_VERSION, MANIFEST, PROGRAM, Reading, start_reading
 
 
@@ -47,6 +47,7 @@ class Loaded:
     program: Program
     report: Report
     opset: int
+    generic: Any = None           # a shape-generic program's `lowering.generic.ShapeGeneric`
 
 
 # ---- writing -------------------------------------------------------------------------------------
@@ -60,7 +61,11 @@ def write_artifact(compiled, path: str | Path, force: bool = False,
     temp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         files: dict[str, dict[str, Any]] = {}
-        stored = _write_constants(program.constants, temp, files)
+        generic = compiled.generic
+        arrays = dict(program.constants)
+        if generic is not None:     # the recipe's constants are stored with the program's
+            arrays.update(generic.signature.constants)
+        stored = _write_constants(arrays, temp, files)
         lowering = {"backend": program.backend, "opset": compiled.opset,
                     "storage_dtype": program.storage_dtype, "threads": program.threads,
                     "numerics": program.report.numerics,
@@ -68,6 +73,9 @@ def write_artifact(compiled, path: str | Path, force: bool = False,
         document = {"lowering": lowering, "plan": plan_to_json(program.plan),
                     "constants": stored, "memory": _memory(program),
                     "signature": _signature(program), "report": _report_data(compiled.report)}
+        if generic is not None:     # a shape-generic program: its symbolic plan and signature
+            document["generic"] = {"plan": plan_to_json(generic.plan),
+                                   "signature": signature_to_json(generic.signature)}
         text = json.dumps(document)
         if program.backend == "numba":
             _write_kernels(json.loads(text), program, temp, files)
@@ -269,7 +277,31 @@ def read_artifact(path: str | Path, threads: int | None = None, recompile: bool 
                       "load": total}
     report.notes = [*report.notes, f"loaded from the artifact {path} (saved "
                     f"{manifest.get('created')} by eqsat-fuse {manifest.get('eqsat_fuse')})"]
-    return Loaded(program, report, int(lowering["opset"]))
+    return Loaded(program, report, int(lowering["opset"]),
+                  _generic(document, constants, program, path))
+
+
+def _generic(document: dict, constants: dict[str, np.ndarray], program: Program, path: Path):
+    """A shape-generic artifact's `ShapeGeneric`: its symbolic plan and signature, the loaded
+    program serving the representative shape; new shapes are lowered as at compile time."""
+    stored = document.get("generic")
+    if stored is None:
+        return None
+    from ..lowering.generic import ShapeGeneric
+    try:
+        plan = plan_from_json(stored["plan"], constants)
+        signature = signature_from_json(stored["signature"], constants)
+    except (KeyError, TypeError) as why:
+        raise ArtifactError(f"{path}: its symbolic plan is not one this eqsat-fuse reads "
+                            f"({why!r})") from None
+    lowering = document["lowering"]
+    generic = ShapeGeneric(plan, signature, dict(
+        backend=lowering["backend"], opset=int(lowering["opset"]),
+        storage_dtype=lowering["storage_dtype"], cache_dir=None, threads=program.threads,
+        numerics=lowering["numerics"]))
+    binding = signature.representative
+    generic.programs[generic.key(binding)] = (program, signature.derive(binding))
+    return generic
 
 
 def _warm_up(backend: Any) -> None:
