@@ -401,3 +401,19 @@ def test_an_opaque_factor_of_either_sign_decides_nothing():
     assert dmax(maybe_negative, 0) != maybe_negative
     assert dmax(maybe_negative, 0).evaluate({"h": 2}) == 0
     assert dmax(floordiv(h, 3), 0) == floordiv(h, 3)
+
+
+def test_a_constant_of_symbolic_shape_is_specialized_and_nothing_is_shared():
+    from eqsat_fuse.ir import BodyNode, ConstExpr, KernelPlan, Operand, TensorInfo
+    from eqsat_fuse.lowering.generic import ShapeGeneric, Template, specialize
+    from eqsat_fuse.signature import Signature
+    body = [BodyNode("Expand", [Operand("initializer", "w")], {"shape": [seq, 4]})]
+    plan = KernelPlan(kernels=[], buffers={}, inputs={}, outputs={},
+                      constants={"c": ConstExpr("c", body, TensorInfo((seq, 4), "float32"))},
+                      initializers={"w": np.ones(4, np.float32)})
+    assert Template(plan).constants == ["c"]
+    concrete = specialize(plan, {"seq": 3})
+    assert concrete.constants["c"].info.shape == (3, 4)
+    assert concrete.constants["c"].body[0].attrs["shape"] == [3, 4]
+    assert plan.constants["c"].info.shape == (seq, 4)          # the symbolic plan is kept
+    assert ShapeGeneric(plan, Signature(inputs={}), {}).shared is None

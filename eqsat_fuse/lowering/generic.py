@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dims import evaluate_all, has_dims
+from ..dims import Dim, evaluate_all, has_dims
 from ..errors import FeedError
 from ..ir import ConstExpr, Kernel, KernelPlan, TensorInfo
 from ..signature import BindError, Signature
@@ -35,34 +35,62 @@ MAX_SHAPES = 512
 MAX_ARENA_BYTES = 2 << 30
 
 
-def _info(info: TensorInfo | None, binding: dict[str, int]) -> TensorInfo | None:
-    if info is None or not has_dims(tuple(info.shape)):
-        return info
-    return TensorInfo(tuple(evaluate_all(tuple(info.shape), binding)), info.dtype)
+def _symbolic_info(info: TensorInfo | None) -> bool:
+    return info is not None and any(isinstance(d, Dim) for d in info.shape)
 
 
 def _symbolic_kernel(kernel: Kernel) -> bool:
-    return has_dims(tuple(kernel.info.shape)) or any(has_dims(list(n.attrs.values()))
-                                                     for n in kernel.body)
+    return _symbolic_info(kernel.info) or any(has_dims(list(n.attrs.values()))
+                                              for n in kernel.body)
 
 
-def specialize(plan: KernelPlan, binding: dict[str, int]) -> KernelPlan:
-    """`plan` with every symbolic dim evaluated under `binding` (a kernel without one is
-    shared with `plan` as it is)."""
-    def body(nodes):
-        return [replace(n, attrs={k: evaluate_all(v, binding) for k, v in n.attrs.items()})
-                for n in nodes]
+class Template:
+    """Which parts of a symbolic plan hold dims (found once): `specialize` rebuilds those and
+    shares the rest (kernels, infos and constants without dims) as they are."""
 
-    kernels = [Kernel(name=k.name, output=k.output, inputs=list(k.inputs), body=body(k.body),
-                      kind=k.kind, info=_info(k.info, binding), eclass=k.eclass)
-               if _symbolic_kernel(k) else k for k in plan.kernels]
-    constants = {n: ConstExpr(c.name, body(c.body), _info(c.info, binding))
-                 for n, c in plan.constants.items()}
-    return KernelPlan(kernels=kernels,
-                      buffers={n: _info(i, binding) for n, i in plan.buffers.items()},
-                      inputs={n: _info(i, binding) for n, i in plan.inputs.items()},
-                      outputs=dict(plan.outputs), constants=constants,
-                      initializers=plan.initializers, opaque_nodes=plan.opaque_nodes)
+    def __init__(self, plan: KernelPlan):
+        self.kernels = [_symbolic_kernel(k) for k in plan.kernels]
+        self.buffers = [n for n, i in plan.buffers.items() if _symbolic_info(i)]
+        self.inputs = [n for n, i in plan.inputs.items() if _symbolic_info(i)]
+        # a constant expression whose shape is a dim (a rule broadcast a constant to a value
+        # of symbolic shape): folded again for each shape, so no lowering shares constants
+        self.constants = [n for n, c in plan.constants.items()
+                          if _symbolic_info(c.info)
+                          or any(has_dims(list(b.attrs.values())) for b in c.body)]
+
+
+def specialize(plan: KernelPlan, binding: dict[str, int],
+               template: Template | None = None) -> KernelPlan:
+    """`plan` with every symbolic dim evaluated under `binding` (what holds none is shared
+    with `plan` as it is)."""
+    template = template or Template(plan)
+
+    def info(i: TensorInfo) -> TensorInfo:
+        return TensorInfo(tuple(evaluate_all(tuple(i.shape), binding)), i.dtype)
+
+    def kernel(k: Kernel) -> Kernel:
+        body = [replace(n, attrs={a: evaluate_all(v, binding) for a, v in n.attrs.items()})
+                for n in k.body]
+        return Kernel(name=k.name, output=k.output, inputs=list(k.inputs), body=body,
+                      kind=k.kind, info=info(k.info) if _symbolic_info(k.info) else k.info,
+                      eclass=k.eclass)
+
+    buffers = dict(plan.buffers)
+    buffers.update((n, info(plan.buffers[n])) for n in template.buffers)
+    inputs = dict(plan.inputs)
+    inputs.update((n, info(plan.inputs[n])) for n in template.inputs)
+    constants = dict(plan.constants)
+    for n in template.constants:
+        c = plan.constants[n]
+        constants[n] = ConstExpr(c.name, [replace(b, attrs={a: evaluate_all(v, binding)
+                                                            for a, v in b.attrs.items()})
+                                          for b in c.body],
+                                 info(c.info) if _symbolic_info(c.info) else c.info)
+    return KernelPlan(kernels=[kernel(k) if symbolic else k
+                               for k, symbolic in zip(plan.kernels, template.kernels)],
+                      buffers=buffers, inputs=inputs, outputs=dict(plan.outputs),
+                      constants=constants, initializers=plan.initializers,
+                      opaque_nodes=plan.opaque_nodes)
 
 
 class ShapeGeneric:
@@ -70,6 +98,7 @@ class ShapeGeneric:
 
     def __init__(self, plan: KernelPlan, signature: Signature, lower_options: dict[str, Any]):
         self.plan = plan
+        self.template = Template(plan)
         self.signature = signature
         self.lower_options = lower_options
         self.programs: OrderedDict[tuple, tuple[Any, dict[str, np.ndarray]]] = OrderedDict()
@@ -80,7 +109,9 @@ class ShapeGeneric:
         self.lock = threading.Lock()        # the sets below are written by the jobs' threads
         self.in_flight: set[str] = set()    # kernel modules a worker is compiling
         self.waiting: set[tuple] = set()    # shapes lowered while some were in flight
-        self.shared: dict = {}              # folded constants, packed weights (lower's `shared`)
+        # folded constants, packed weights, unchanged kernels (lower's `shared`); nothing is
+        # shared when a constant's own shape is symbolic
+        self.shared: dict | None = None if self.template.constants else {}
 
     def key(self, binding: dict[str, int]) -> tuple:
         return tuple(sorted(binding.items()))
@@ -114,8 +145,8 @@ class ShapeGeneric:
         start = time.perf_counter()
         from .lower import lower
         defer = self.background_jit if defer_jit is None else defer_jit
-        program = lower(specialize(self.plan, binding), **self.lower_options, defer_jit=defer,
-                        shared=self.shared)
+        program = lower(specialize(self.plan, binding, self.template), **self.lower_options,
+                        defer_jit=defer, shared=self.shared)
         found = (program, found[1] if found else self.signature.derive(binding))
         self.lower_seconds[key] = time.perf_counter() - start
         self.programs[key] = found
