@@ -80,8 +80,7 @@ def apply_view(node: BodyNode, x: np.ndarray) -> np.ndarray | None:
 def layout_of(array: np.ndarray, storage: str, root: np.ndarray) -> Layout:
     """The layout of a view `array` of the probe `root` that stands for `storage`."""
     offset = array.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    return Layout(storage, int(offset), tuple(array.shape),
-                  tuple(int(s) for s in array.strides))
+    return Layout(storage, int(offset), array.shape, array.strides)    # tuples of ints
 
 
 def view_layouts(plan: KernelPlan, constants: dict[str, np.ndarray]
@@ -96,9 +95,9 @@ def view_layouts(plan: KernelPlan, constants: dict[str, np.ndarray]
     layouts: dict[str, Layout] = {}
 
     def own(name: str, shape) -> None:
-        probes[name] = probe(tuple(shape))
+        probes[name] = view = probe(tuple(shape))
         roots[name] = name
-        layouts[name] = layout_of(probes[name], name, probes[name])
+        layouts[name] = Layout(name, 0, view.shape, view.strides)    # its own storage
 
     for name, info in plan.inputs.items():
         own(name, info.shape)
