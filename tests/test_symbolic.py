@@ -186,6 +186,9 @@ def test_feeds_that_disagree_on_a_shared_symbol_name_both_inputs(gpt2):
 def test_extraction_prices_the_binding_the_user_gives():
     compiled = ef.compile(BERT, backend="numpy", dims={"seq": 16})
     assert compiled.report.symbolic["representative"] == {"batch": 1, "seq": 16}
+    assert ("symbolic: input_ids [batch, seq], attention_mask [batch, seq]; one program for "
+            "every value, priced (and the figures above given) at batch=1, seq=16"
+            in compiled.report.summary())
     assert compiled.report.kernels[0].shape[:2] in ([1, 16], [16, 32], [16])
     with pytest.raises(EqsatFuseError, match="not symbols of the model"):
         ef.compile(BERT, backend="numpy", dims={"sequence": 16})

@@ -131,6 +131,11 @@ class Report:
             "time          " + ", ".join(f"{k} {v:.2f}s" + self._steps(k)
                                          for k, v in self.timings.items()),
         ]
+        if self.symbolic:
+            inputs = ", ".join(f"{n} [{', '.join(s)}]" for n, s in self.symbolic["inputs"].items())
+            priced = ", ".join(f"{k}={v}" for k, v in self.symbolic["representative"].items())
+            lines.append(f"shapes        symbolic: {inputs}; one program for every value, "
+                         f"priced (and the figures above given) at {priced} (--dim sets it)")
         b = self.backend_report
         if b.get("backend") == "numba":
             lines.append(f"numba         {b['compiled_kernels']}/{b['kernels']} kernels compiled "
