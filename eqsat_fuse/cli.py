@@ -36,19 +36,26 @@ def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
-def _dim_binding(text: str) -> list[tuple[str, int]]:
-    """`--dim NAME=VALUE[,NAME=VALUE...]`: symbols bound for extraction's cost model."""
-    out = []
+def _dim_binding(text: str) -> list[tuple[str, int | list[int]]]:
+    """`--dim NAME=VALUE[,VALUE...][,NAME=VALUE...]`: the value extraction prices a symbol at,
+    or several (shape buckets: `seq=1,128,2048`)."""
+    out: list[tuple[str, list[int]]] = []
     for item in text.split(","):
-        name, sep, value = item.strip().partition("=")
-        if not sep or not name:
+        name, sep, value = item.strip().rpartition("=")
+        if not sep and not out:
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {item!r}")
+        if sep and not name:
             raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {item!r}")
         try:
-            out.append((name, int(value)))
+            number = int(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"the value of {name!r} must be a whole number: "
-                                             f"{value!r}") from None
-    return out
+            raise argparse.ArgumentTypeError(f"the value of {name or out[-1][0]!r} must be a "
+                                             f"whole number: {value!r}") from None
+        if sep:
+            out.append((name, [number]))
+        else:
+            out[-1][1].append(number)
+    return [(name, values[0] if len(values) == 1 else values) for name, values in out]
 
 
 def _thread_count(text: str) -> int | str:
@@ -100,7 +107,9 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
                         help="the value of a symbolic dim that extraction's cost model prices "
                              "(repeatable, several per flag or comma-separated, like "
                              "onnxruntime's free-dimension overrides; default: 1 for a leading "
-                             "dim, 128 for any other); the program still runs at every value")
+                             "dim, 128 for any other); the program still runs at every value. "
+                             "Several values, seq=1,128,2048, make shape buckets: a program "
+                             "extracted for each, a run taking the smallest bucket that fits")
     parser.add_argument("--max-iterations", type=int, default=Budgets.iterations,
                         help=f"saturation iteration budget (default {Budgets.iterations}; "
                              f"0 runs no rule)")

@@ -30,7 +30,7 @@ from .saturation.limits import HardLimits, saturate_in_child
 from .saturation.passes import saturate_by_passes
 from .saturation.saturate import Budgets, saturate
 from .saturation.serialized import fill_missing_facts, read_egraph, with_dims
-from .signature import representative_binding
+from .signature import representative_bindings
 from .threads import resolve as resolve_threads
 from .tools.explain import shaping_rules
 from .tools.report import KernelReport, Report
@@ -70,9 +70,9 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     `numerics` is "exact" (the default: NaN, infinities and signed zeros as the model computes
     them) or "fast" (also the rules tagged `:numerics fast` and the kernels' fast-math flags,
     like -ffast-math; see `numerics` and docs/numerics.md).
-    A model whose inputs leave dims open (and that `input_shapes` does not fix) compiles once
-    for every value of them (docs/shapes.md): `dims` ({symbol: value}) is the binding the cost
-    model prices (default: 1 for a leading dim, 128 for any other), and `run` takes any shape.
+    Open input dims (not fixed by `input_shapes`) compile once for every value (docs/shapes.md):
+    `dims` {symbol: value} is what the cost model prices (default 1 for a leading dim, else
+    128); a list of values ({"seq": [1, 128]}) compiles a program per shape bucket.
     """
     timings: dict[str, float] = {}
     current: list = [None, time.perf_counter()]
@@ -94,11 +94,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     stage("import")
     graph = import_model(model, input_shapes)
     signature = graph.signature
-    if signature is not None:
-        signature.representative = representative_binding(signature, dims)
-    elif dims:
-        raise EqsatFuseError(f"dims {sorted(dims)} name no open dim: the model's inputs are "
-                             f"all static{' once input_shapes is applied' if input_shapes else ''}")
+    buckets = _buckets(signature, dims, input_shapes)
     stage("encode")
     encoding = encode(graph)
     stage("saturate")
@@ -114,8 +110,12 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
                                                cost_model.rule_files, numerics)
     stage("extract")
     serialized, priced = _read(egraph, encoding, signature)
-    extraction = extract(priced, roots_of(priced, encoding.output_vars), cost_model,
-                         extractor, objective=objective, seconds=ilp_seconds)
+
+    def extract_at(eg):
+        return extract(eg, roots_of(eg, encoding.output_vars), cost_model, extractor,
+                       objective=objective, seconds=ilp_seconds)
+
+    extraction = extract_at(priced)
     shaped_by = shaping_rules(serialized, extraction.choice, extraction.constant, encoding,
                               saturation.rule_files)
     stage("decode")
@@ -126,6 +126,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     program, generic = _lower(plan, signature, dict(
         backend=backend, opset=graph.opset, storage_dtype=storage_dtype, cache_dir=cache_dir,
         threads=threads, numerics=numerics))
+    for binding in buckets[1:]:     # shape buckets: a program extracted for each
+        _add_bucket(generic, binding, serialized, encoding, graph, extract_at)
     stage("done")
 
     report = _report(graph, cost_model, backend, extractor, objective, saturation, extraction,
@@ -135,7 +137,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
                                 {"seconds": min(ilp_seconds, 10.0)})
     source = with_input_shapes(_source_proto(model), input_shapes)  # the oracle takes them too
     if signature is not None:
-        report.symbolic = signature.describe()
+        report.symbolic = _symbolic_report(signature, generic, extraction.latency_us)
     return Compiled(program, report, source,
                     source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
                     extraction=context, opset=graph.opset, generic=generic)
@@ -162,6 +164,39 @@ def _lower(plan, signature, options: dict):
     generic = ShapeGeneric(plan, signature, options)
     program, _ = generic.program_for(signature.representative, defer_jit=False)
     return program, generic
+
+
+def _buckets(signature, dims, input_shapes) -> list[dict[str, int]]:
+    """The bindings extraction prices (the first the representative one, set on `signature`);
+    none for static shapes, where `dims` is refused."""
+    if signature is None:
+        if dims:
+            raise EqsatFuseError(f"dims {sorted(dims)} name no open dim: the model's inputs are "
+                                 f"all static"
+                                 f"{' once input_shapes is applied' if input_shapes else ''}")
+        return []
+    buckets = representative_bindings(signature, dims)
+    signature.representative = buckets[0]
+    return buckets
+
+
+def _symbolic_report(signature, generic: ShapeGeneric, cost_us: float) -> dict:
+    """`report.symbolic`: the signature, and each shape bucket's binding and predicted cost."""
+    out = signature.describe()
+    if generic.buckets:
+        out["buckets"] = [{"binding": signature.representative, "cost": cost_us},
+                          *({"binding": b, "cost": cost} for b, _, cost in generic.buckets)]
+    return out
+
+
+def _add_bucket(generic: ShapeGeneric, binding: dict, serialized, encoding, graph,
+                extract_at) -> None:
+    """One more shape bucket: extraction priced at `binding`, decoded, lowered (and its
+    kernels compiled) at that binding, so that its first run waits for nothing."""
+    extraction = extract_at(with_dims(serialized, lambda d: evaluate(d, binding)))
+    generic.add_bucket(binding, decode(serialized, extraction, encoding, graph),
+                       extraction.latency_us)
+    generic.buckets[-1][1].program_for(binding, defer_jit=False)
 
 
 def _check_options(strategy: str, ilp_seconds: float) -> None:

@@ -68,13 +68,17 @@ class Signature:
                     what = f"{d} = {want}" if is_symbolic(d) else str(want)
                     raise BindError(f"input {name!r} dim {axis} must be {what}, but is fed "
                                     f"{shapes[name][axis]}")
+        self.check(binding, "for these inputs")
+        return binding
+
+    def check(self, binding: dict[str, int], where: str) -> None:
+        """`BindError` unless `binding` keeps every fact the model's shapes rely on."""
         for d, allowed, why in self.constraints:
             value = evaluate(d, binding)
             options = {evaluate(a, binding) for a in allowed}
             if value not in options:
-                raise BindError(f"the dim {d} is {value} for these inputs, but must be "
+                raise BindError(f"the dim {d} is {value} {where}, but must be "
                                 f"{' or '.join(map(str, sorted(options)))} ({why})")
-        return binding
 
     def derive(self, binding: dict[str, int]) -> dict[str, np.ndarray]:
         """The derived inputs' values for one binding."""
@@ -112,18 +116,46 @@ class Signature:
                 "symbols": dict(self.symbols), "representative": dict(self.representative)}
 
 
-def representative_binding(signature: Signature, given: dict[str, int] | None) -> dict[str, int]:
-    """The binding extraction prices: `given` ({symbol: value}), and for every other symbol 1
-    where it is first seen as an input's leading (batch) dim, 128 elsewhere."""
+MAX_BUCKETS = 8
+
+
+def representative_bindings(signature: Signature, given: dict | None) -> list[dict[str, int]]:
+    """The bindings extraction prices, one per shape bucket: `given` maps a symbol to a value,
+    or to a list of values (buckets: one program for each, the product of every list), and for
+    every other symbol 1 where it is first seen as an input's leading (batch) dim, 128
+    elsewhere. The first binding is the representative one."""
     given = dict(given or {})
     unknown = set(given) - set(signature.symbols)
     if unknown:
         raise BindError(f"dims {sorted(unknown)} are not symbols of the model (its symbols: "
                         f"{sorted(signature.symbols)})")
-    for name, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise BindError(f"dims[{name!r}] = {value!r}: give a whole number >= 1")
-    out = {}
+    choices: dict[str, list[int]] = {}
     for s, where in signature.symbols.items():
-        out[s] = int(given[s]) if s in given else (1 if where.endswith(" dim 0") else 128)
-    return out
+        values = given.get(s, 1 if where.endswith(" dim 0") else 128)
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                             or v < 1 for v in values):
+            raise BindError(f"dims[{s!r}] = {given.get(s)!r}: give a whole number >= 1, or a "
+                            f"list of them (shape buckets)")
+        choices[s] = sorted({int(v) for v in values})
+    count = int(np.prod([len(v) for v in choices.values()], dtype=np.int64))
+    if count > MAX_BUCKETS:
+        raise BindError(f"dims give {count} shape buckets; at most {MAX_BUCKETS} are compiled")
+    bindings = [{}]
+    for s, values in choices.items():
+        bindings = [{**b, s: v} for b in bindings for v in values]
+    for b in bindings:
+        signature.check(b, f"at {', '.join(f'{k}={v}' for k, v in b.items())} (the binding "
+                           f"extraction would price: give dims the model can run at)")
+    return bindings
+
+
+def bucket_of(buckets: list[dict[str, int]], binding: dict[str, int]) -> int:
+    """The bucket that serves `binding`: for each symbol the buckets differ in, the smallest
+    bucket value at least the symbol's value (the largest when none is)."""
+    varying = [s for s in buckets[0] if len({b[s] for b in buckets}) > 1]
+    want = {}
+    for s in varying:
+        values = sorted({b[s] for b in buckets})
+        want[s] = next((v for v in values if v >= binding[s]), values[-1])
+    return next(i for i, b in enumerate(buckets) if all(b[s] == want[s] for s in varying))

@@ -344,7 +344,7 @@ def test_the_cli_runs_a_model_with_open_dims_at_the_fed_shape_and_takes_dim(tmp_
     np.savez(tmp_path / "feeds.npz", **feeds)
     proc = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "run", str(BERT), "--inputs",
                            str(tmp_path / "feeds.npz"), "-o", str(tmp_path / "out.npz"),
-                           "--backend", "numpy", "--dim", "seq=16,batch=2", "--quiet"],
+                           "--backend", "numpy", "--dim", "seq=16,32,batch=2", "--quiet"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     got = np.load(tmp_path / "out.npz")
@@ -420,3 +420,32 @@ def test_a_constant_of_symbolic_shape_is_specialized_and_nothing_is_shared():
     assert concrete.constants["c"].body[0].attrs["shape"] == [3, 4]
     assert plan.constants["c"].info.shape == (seq, 4)          # the symbolic plan is kept
     assert ShapeGeneric(plan, Signature(inputs={}), {}).shared is None
+
+
+def test_shape_buckets_compile_a_program_each_and_a_run_takes_the_nearest(tmp_path):
+    compiled = ef.compile(BERT, backend="numpy", dims={"seq": [8, 64]})
+    generic = compiled.generic
+    buckets = compiled.report.symbolic["buckets"]
+    assert [b["binding"] for b in buckets] == [{"batch": 1, "seq": 8}, {"batch": 1, "seq": 64}]
+    assert buckets[0]["cost"] < buckets[1]["cost"]
+    families = [generic, generic.buckets[0][1]]
+    for (b, s), bucket in (((1, 5), 0), ((2, 8), 0), ((1, 9), 1), ((3, 64), 1), ((1, 100), 1)):
+        feeds = _bert_feeds(b, s, seed=s)
+        _check_against_ort(compiled, BERT, feeds)
+        assert generic.serving(generic.bind(feeds)) is families[bucket], (b, s)
+    compiled.save(tmp_path / "buckets")
+    loaded = ef.load(tmp_path / "buckets")
+    assert [b for b, _, _ in loaded.generic.buckets] == [{"batch": 1, "seq": 64}]
+    _check_against_ort(loaded, BERT, _bert_feeds(1, 40, seed=40))
+    with pytest.raises(EqsatFuseError, match="at most 8"):
+        ef.compile(BERT, backend="numpy", dims={"seq": [1, 2, 3], "batch": [1, 2, 3]})
+
+
+def test_a_shape_the_model_cannot_run_at_is_refused_at_run_and_compile_time(bert):
+    # bert_dyn_tiny has 128 positions: its position ids cannot be taken for 200 tokens
+    with pytest.raises(FeedError, match=r"the dim min\(128, seq\) is 128 for these inputs, but "
+                                        r"must be 200 \(node .*Expand"):
+        bert.run(_bert_feeds(1, 200, seed=0))
+    with pytest.raises(EqsatFuseError, match=r"is 128 at batch=1, seq=256 \(the binding "
+                                             r"extraction would price"):
+        ef.compile(BERT, backend="numpy", dims={"seq": [8, 256]})

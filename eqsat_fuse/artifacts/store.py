@@ -75,7 +75,9 @@ def write_artifact(compiled, path: str | Path, force: bool = False,
                     "signature": _signature(program), "report": _report_data(compiled.report)}
         if generic is not None:     # a shape-generic program: its symbolic plan and signature
             document["generic"] = {"plan": plan_to_json(generic.plan),
-                                   "signature": signature_to_json(generic.signature)}
+                                   "signature": signature_to_json(generic.signature),
+                                   "buckets": [[dict(b), plan_to_json(g.plan), float(cost)]
+                                               for b, g, cost in generic.buckets]}
         text = json.dumps(document)
         if program.backend == "numba":
             _write_kernels(json.loads(text), program, temp, files)
@@ -301,6 +303,15 @@ def _generic(document: dict, constants: dict[str, np.ndarray], program: Program,
         numerics=lowering["numerics"]))
     binding = signature.representative
     generic.programs[generic.key(binding)] = (program, signature.derive(binding))
+    try:
+        for bucket, stored_plan, cost in stored.get("buckets", []):
+            if not isinstance(bucket, dict) or set(bucket) != set(binding):
+                raise ValueError(f"bucket {str(bucket)[:60]}")
+            generic.add_bucket({str(k): int(v) for k, v in bucket.items()},
+                               plan_from_json(stored_plan, constants), float(cost))
+    except (TypeError, ValueError) as why:
+        raise ArtifactError(f"{path}: its shape buckets are not ones this eqsat-fuse reads "
+                            f"({why!r})") from None
     return generic
 
 

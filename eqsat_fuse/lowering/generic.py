@@ -26,7 +26,7 @@ import numpy as np
 from ..dims import Dim, evaluate_all, has_dims
 from ..errors import FeedError
 from ..ir import ConstExpr, Kernel, KernelPlan, TensorInfo
-from ..signature import BindError, Signature
+from ..signature import BindError, Signature, bucket_of
 
 # concrete shapes kept lowered at once (each holds its own arena), the least recently run
 # dropped first: at most this many, and arenas of at most MAX_ARENA_BYTES together (a decode
@@ -109,6 +109,7 @@ class ShapeGeneric:
         self.lock = threading.Lock()        # the sets below are written by the jobs' threads
         self.in_flight: set[str] = set()    # kernel modules a worker is compiling
         self.waiting: set[tuple] = set()    # shapes lowered while some were in flight
+        self.buckets: list[tuple[dict[str, int], ShapeGeneric, float]] = []  # add_bucket
         # folded constants, packed weights, unchanged kernels (lower's `shared`); nothing is
         # shared when a constant's own shape is symbolic
         self.shared: dict | None = None if self.template.constants else {}
@@ -147,7 +148,7 @@ class ShapeGeneric:
         defer = self.background_jit if defer_jit is None else defer_jit
         program = lower(specialize(self.plan, binding, self.template), **self.lower_options,
                         defer_jit=defer, shared=self.shared)
-        found = (program, found[1] if found else self.signature.derive(binding))
+        found = (program, found[1] if found else self._derive(binding))
         self.lower_seconds[key] = time.perf_counter() - start
         self.programs[key] = found
         self.programs.move_to_end(key)
@@ -181,11 +182,36 @@ class ShapeGeneric:
 
         self.jobs.append(compile_in_background(todo, done))
 
+    def _derive(self, binding: dict[str, int]) -> dict[str, np.ndarray]:
+        try:
+            return self.signature.derive(binding)
+        except (RuntimeError, ValueError, IndexError) as why:
+            shown = ", ".join(f"{k}={v}" for k, v in binding.items())
+            reason = str(why).strip().splitlines()[0] if str(why).strip() else repr(why)
+            raise FeedError(f"the model cannot run at {shown}: what it computes from these "
+                            f"sizes alone fails ({reason[:300]})") from None
+
+    def add_bucket(self, binding: dict[str, int], plan: KernelPlan, cost_us: float) -> None:
+        """Another shape bucket: `plan`, extracted for `binding`, serves the shapes nearest it
+        (`signature.bucket_of`); this object's own plan serves the representative binding's."""
+        self.buckets.append((binding, ShapeGeneric(plan, self.signature, self.lower_options),
+                             cost_us))
+
+    def serving(self, binding: dict[str, int]) -> ShapeGeneric:
+        """The bucket's program family that runs `binding` (this one without buckets)."""
+        if not self.buckets:
+            return self
+        families = [self, *(g for _, g, _ in self.buckets)]
+        bindings = [self.signature.representative, *(b for b, _, _ in self.buckets)]
+        return families[bucket_of(bindings, binding)]
+
     def wait(self) -> None:
         """Wait for the kernels compiling in the background (tests, benchmarks)."""
         for job in self.jobs:
             job.join()
         self.jobs.clear()
+        for _, bucket, _ in self.buckets:
+            bucket.wait()
 
     def run(self, feeds: dict[str, Any], out: dict[str, np.ndarray] | None = None
             ) -> dict[str, np.ndarray]:
@@ -193,5 +219,6 @@ class ShapeGeneric:
         if unknown:
             raise FeedError(f"unknown input{'s' if len(unknown) > 1 else ''} {sorted(unknown)} "
                             f"(inputs: {list(self.signature.inputs)})")
-        program, derived = self.program_for(self.bind(feeds))
+        binding = self.bind(feeds)
+        program, derived = self.serving(binding).program_for(binding)
         return program.run({**feeds, **derived}, out=out)
