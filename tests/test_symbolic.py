@@ -449,3 +449,17 @@ def test_a_shape_the_model_cannot_run_at_is_refused_at_run_and_compile_time(bert
     with pytest.raises(EqsatFuseError, match=r"is 128 at batch=1, seq=256 \(the binding "
                                              r"extraction would price"):
         ef.compile(BERT, backend="numpy", dims={"seq": [8, 256]})
+
+
+def test_a_huge_value_folded_at_a_symbolic_import_is_refused_before_allocating():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    shape = helper.make_tensor("s", TensorProto.INT64, [2], [1 << 20, 1 << 12])
+    nodes = [helper.make_node("ConstantOfShape", ["s"], ["big"]),
+             helper.make_node("ReduceSum", ["big"], ["r"], keepdims=0),
+             helper.make_node("Add", ["x", "r"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [shape]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ef.ModelError, match="17179869184 bytes, more than the 1 GiB .* refused "
+                                            "before allocating"):
+        ef.compile(model, backend="numpy")

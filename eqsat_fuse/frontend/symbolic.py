@@ -35,7 +35,7 @@ from ..dims import (Dim, SymbolicError, bare_symbol, dim, dmax, dmin, floordiv, 
                     known_le, symbol)
 from ..errors import ModelError
 from ..ir import TensorInfo
-from .folding import _constant_node_value
+from .folding import MAX_FOLDED_BYTES, _constant_node_value, _refuse_huge_fold
 from .protos import _attrs, _np_dtype, is_held
 
 # an integer tensor of at most this many elements is evaluated as dims
@@ -209,11 +209,7 @@ class _Walk:
         if kinds <= {"constant"} and node.input and op not in ("RandomNormal", "RandomUniform",
                                                                 "RandomNormalLike",
                                                                 "RandomUniformLike"):
-            values = [self.out.constants[i] if i else None for i in node.input]
-            outputs = run_node(node, values, self.opsets)
-            for out, value in zip(node.output, outputs):
-                if out:
-                    self.set_constant(out, np.asarray(value))
+            self.fold(node)
             return
         if kinds <= {"constant", "shape"} and op in _SHAPE_OPS and self.small(node):
             try:
@@ -238,6 +234,26 @@ class _Walk:
             self.out.derived_order.append(node)
         else:
             self.out.data_nodes.append(node)
+
+    def fold(self, node: onnx.NodeProto) -> None:
+        """A node over constants only, evaluated once (as static import folds it)."""
+        values = [self.out.constants[i] if i else None for i in node.input]
+        label = f"{self.name}: node {node.name or node.op_type!r} ({node.op_type})"
+        _refuse_huge_fold(node, values, {}, self.name)     # before allocating, where it can
+        try:
+            outputs = run_node(node, values, self.opsets)
+        except (Exception, MemoryError) as exc:
+            raise ModelError(f"{label} has constant inputs but could not be evaluated: "
+                             f"{type(exc).__name__}: {exc}") from None
+        for out, value in zip(node.output, outputs):
+            if not out:
+                continue
+            value = np.asarray(value)
+            if value.nbytes > MAX_FOLDED_BYTES:
+                raise ModelError(f"{label} folds to {value.nbytes} bytes, more than the "
+                                 f"{MAX_FOLDED_BYTES >> 30} GiB a value computed at import may "
+                                 f"take; refused")
+            self.set_constant(out, value)
 
     def small(self, node) -> bool:
         for i in node.input:
