@@ -97,6 +97,17 @@ class Compiled:
             return self.generic.run(feeds, out=out)
         return self.program.run(feeds, out=out)
 
+    def program_at(self, feeds: dict[str, Any]) -> tuple[Program, dict[str, Any]]:
+        """The lowered program that runs `feeds`, and the feeds it takes (a shape-generic
+        program's, for the feeds' shape, with its derived inputs added): for timing or
+        profiling one shape's program as `run` would run it."""
+        if self.generic is None:
+            return self.program, feeds
+        generic = self.generic
+        binding = generic.bind(feeds)
+        program, derived = generic.serving(binding).program_for(binding)
+        return program, {**feeds, **derived}
+
     def verify(self, feeds: dict[str, Any] | None = None, against: str = "ort",
                seed: int = 0, rtol: float | None = None, atol: float | None = None,
                tolerances: dict[str, tuple[float, float]] | None = None) -> VerifyResult:

@@ -351,6 +351,12 @@ def test_the_cli_runs_a_model_with_open_dims_at_the_fed_shape_and_takes_dim(tmp_
     session = ort.InferenceSession(str(BERT), providers=["CPUExecutionProvider"])
     want = session.run(None, feeds)
     np.testing.assert_allclose(got["last_hidden_state"], want[0], rtol=1e-3, atol=1e-4)
+    timed = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "run", str(BERT),
+                            "--inputs", str(tmp_path / "feeds.npz"), "--backend", "numpy",
+                            "--repeat", "3", "--profile", "--quiet"],
+                           capture_output=True, text=True, timeout=300)
+    assert timed.returncode == 0, timed.stderr       # the fed shape's program, timed
+    assert "median" in timed.stdout and "profile" in timed.stdout
     bad = subprocess.run([sys.executable, "-m", "eqsat_fuse.cli", "run", str(BERT), "--inputs",
                           str(tmp_path / "feeds.npz"), "--dim", "seq", "--quiet"],
                          capture_output=True, text=True, timeout=300)

@@ -62,16 +62,17 @@ class KernelTime:
 
 def time_runs(compiled, feeds: dict[str, Any], repeat: int, warmup: int = 1) -> RunTimes:
     """Run `compiled` `warmup` times untimed, then `repeat` times timed."""
-    out = compiled.program.empty_outputs()      # the timed runs allocate no outputs
+    program, feeds = compiled.program_at(feeds)       # the feeds' shape's program
+    out = program.empty_outputs()               # the timed runs allocate no outputs
     for _ in range(warmup):
-        compiled.run(feeds, out=out)
+        program.run(feeds, out=out)
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        compiled.run(feeds, out=out)
+        program.run(feeds, out=out)
         times.append(time.perf_counter() - start)
     p25, median, p75 = (float(v) * 1e3 for v in np.percentile(times, [25, 50, 75]))
-    return RunTimes(median, p25, p75, repeat, warmup, compiled.program.threads)
+    return RunTimes(median, p25, p75, repeat, warmup, program.threads)
 
 
 def step_times(program, feeds: dict[str, Any], repeat: int = 10, warmup: int = 2,
@@ -107,7 +108,7 @@ def step_times(program, feeds: dict[str, Any], repeat: int = 10, warmup: int = 2
 def profile_kernels(compiled, feeds: dict[str, Any], repeat: int = 10, warmup: int = 2,
                     pause: float = 0.0) -> list[KernelTime]:
     """Each kernel step's median time next to its predicted cost, slowest first."""
-    program = compiled.program
+    program, feeds = compiled.program_at(feeds)
     times = step_times(program, feeds, repeat, warmup, pause)
     kernels = list(compiled.report.kernels)
     rows, at = [], 0
