@@ -65,7 +65,7 @@ def median_us(fn, repeat: int = 15, min_seconds: float = 0.02) -> float:
 def kernel_times(compiled) -> list[tuple[str, str, float, float]]:
     """(kernel name, ops, predicted us, measured us) for every step of the program."""
     program, report = compiled.program, compiled.report
-    steps, env = program_steps(program, random_feeds(compiled.plan.inputs, 0))
+    steps, env = program_steps(program, random_feeds(compiled.example_inputs, 0))
     # the steps are the kernels that are not plain views (a view that needs a copy has a step)
     stepped = [k for k in program.plan.kernels
                if k.kind != "alias" or program.layouts[k.output].storage == k.output]
@@ -167,7 +167,7 @@ def main(argv: list[str]) -> int:
             unfused = ef.compile(model, target=target, backend=backend, threads=threads,
                                  budgets=Budgets(iterations=0))
             none_rows = kernel_times(unfused)
-            feeds = random_feeds(compiled.plan.inputs, 0)
+            feeds = random_feeds(compiled.example_inputs, 0)
             (fused_ms, none_ms), rounds = program_ms([compiled, unfused], feeds)
             interval = saving_interval(rounds)
             none_pred, none_meas = sum(r[2] for r in none_rows), sum(r[3] for r in none_rows)

@@ -87,7 +87,7 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     model = load_model(names[0])
     compiled = ef.compile(model, backend="numba", threads=THREADS)
-    feeds = random_feeds(compiled.plan.inputs, 0)
+    feeds = random_feeds(compiled.example_inputs, 0)
     print(f"threads: {THREADS}; {os.path.basename(names[0])}; medians of 10 runs")
     table("eqsat-fuse (Numba), each kernel alone", kernel_profile(compiled, feeds), top)
     if with_ort:

@@ -69,7 +69,7 @@ def main(names: list[str]) -> None:
         if NUMPY:
             numpy_fused = ef.compile(model, backend="numpy")
         fast = ef.compile(model, backend="numba", numerics="fast") if FAST else None
-        feeds = random_feeds(fused.plan.inputs, 0)
+        feeds = random_feeds(fused.example_inputs, 0)
         check = fused.verify(feeds)
         if not check.ok:
             # float32 rounding amplified by a model's scale (ResNet-50's random BN statistics

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import EqsatFuseError
-from .ir import CANONICAL_OPSET, KernelPlan
+from .ir import CANONICAL_OPSET, KernelPlan, TensorInfo
 from .lowering.generic import ShapeGeneric
 from .lowering.lower import Program
 from .tools.report import Report
@@ -97,6 +97,15 @@ class Compiled:
             return self.generic.run(feeds, out=out)
         return self.program.run(feeds, out=out)
 
+    @property
+    def example_inputs(self) -> dict[str, TensorInfo]:
+        """Each input `run` takes, at the shape the program was compiled for (a shape-generic
+        program's representative one), as `ir.TensorInfo`: what random feeds are drawn from."""
+        inputs = self.plan.inputs
+        if self.generic is not None:
+            return {n: inputs[n] for n in self.generic.signature.inputs}
+        return dict(inputs)
+
     def program_at(self, feeds: dict[str, Any]) -> tuple[Program, dict[str, Any]]:
         """The lowered program that runs `feeds`, and the feeds it takes (a shape-generic
         program's, for the feeds' shape, with its derived inputs added): for timing or
@@ -119,11 +128,7 @@ class Compiled:
         from .checking.verify import random_feeds, verify_program
 
         self._need_source("verify")
-        if feeds is None:
-            inputs = self.plan.inputs
-            if self.generic is not None:     # the user's inputs at the representative shape
-                inputs = {n: inputs[n] for n in self.generic.signature.inputs}
-            feeds = random_feeds(inputs, seed)
+        feeds = random_feeds(self.example_inputs, seed) if feeds is None else feeds
         return verify_program(self._source, self.plan, self.run, feeds, against,
                               self.program.storage_dtype, rtol=rtol, atol=atol,
                               tolerances=tolerances)

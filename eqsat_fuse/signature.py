@@ -159,3 +159,16 @@ def bucket_of(buckets: list[dict[str, int]], binding: dict[str, int]) -> int:
         values = sorted({b[s] for b in buckets})
         want[s] = next((v for v in values if v >= binding[s]), values[-1])
     return next(i for i, b in enumerate(buckets) if all(b[s] == want[s] for s in varying))
+
+
+def model_inputs(graph) -> dict:
+    """An imported graph's inputs as `ir.TensorInfo`s of concrete shapes: as declared, or,
+    where dims are open, at the representative binding `compile` would price by default."""
+    from .dims import evaluate_all
+    from .ir import TensorInfo
+    signature = graph.signature
+    if signature is None:
+        return {name: graph.values[name] for name in graph.inputs}
+    binding = representative_bindings(signature, None)[0]
+    return {name: TensorInfo(tuple(evaluate_all(tuple(graph.values[name].shape), binding)),
+                             graph.values[name].dtype) for name in signature.inputs}

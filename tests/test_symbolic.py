@@ -469,3 +469,15 @@ def test_a_huge_value_folded_at_a_symbolic_import_is_refused_before_allocating()
     with pytest.raises(ef.ModelError, match="17179869184 bytes, more than the 1 GiB .* refused "
                                             "before allocating"):
         ef.compile(model, backend="numpy")
+
+
+def test_compare_measures_a_model_with_open_dims_at_its_representative_shape(tmp_path):
+    import csv
+
+    from eqsat_fuse.cli import main
+    out = tmp_path / "results"
+    assert main(["compare", str(BERT), "-o", str(out), "--strategies", "eqsat-greedy",
+                 "--repeats", "2", "--backend", "numpy", "--quiet"]) == 0
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert {r["strategy"] for r in rows} == {"eqsat-greedy", "ort-enable-all", "ort-disable-all"}
+    assert all(r["status"] == "ok" and r["verified"] == "True" for r in rows), rows

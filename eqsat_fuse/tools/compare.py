@@ -120,7 +120,7 @@ def run_cell(cell: dict, rule_files: list[str], backend: str | None = None, repe
                                  budgets=budgets, strategy=spec["strategy"], threads=threads,
                                  **extra)
         compile_seconds = time.perf_counter() - started
-        feeds = random_feeds(compiled.plan.inputs, seed)
+        feeds = random_feeds(compiled.example_inputs, seed)
         result = compiled.verify(feeds)
         measured = measures_here(cell.target)
         times = stats.time_blocks(lambda: compiled.run(feeds), repeats) if measured else []
@@ -155,13 +155,13 @@ def _run_baseline(cell: Cell, repeats: int, seed: int, threads: int | None) -> d
 
     from ..checking.verify import compare as compare_outputs, oracle_outputs, random_feeds
     from ..frontend.importer import import_model
+    from ..signature import model_inputs
     from ..threads import resolve
 
     row: dict[str, Any] = {"model": Path(cell.model).name, "strategy": cell.strategy,
                            "target": cell.target, "rules": cell.rules}
     try:
-        graph = import_model(cell.model)
-        feeds = random_feeds({name: graph.values[name] for name in graph.inputs}, seed)
+        feeds = random_feeds(model_inputs(import_model(cell.model)), seed)
         options = ort.SessionOptions()
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                                    BASELINES[cell.strategy])
