@@ -123,7 +123,8 @@ def representative_bindings(signature: Signature, given: dict | None) -> list[di
     """The bindings extraction prices, one per shape bucket: `given` maps a symbol to a value,
     or to a list of values (buckets: one program for each, the product of every list), and for
     every other symbol 1 where it is first seen as an input's leading (batch) dim, 128
-    elsewhere. The first binding is the representative one."""
+    elsewhere (or the largest size the model allows it, where it allows only some). The first
+    binding is the representative one."""
     given = dict(given or {})
     unknown = set(given) - set(signature.symbols)
     if unknown:
@@ -141,6 +142,13 @@ def representative_bindings(signature: Signature, given: dict | None) -> list[di
     count = int(np.prod([len(v) for v in choices.values()], dtype=np.int64))
     if count > MAX_BUCKETS:
         raise BindError(f"dims give {count} shape buckets; at most {MAX_BUCKETS} are compiled")
+    # a default the model cannot run at (a symbol broadcast against 5 must be 1 or 5) gives
+    # way to the largest size it can take
+    for d, allowed, _ in signature.constraints:
+        s = bare_symbol(d)
+        if s is not None and s not in given and all(not is_symbolic(a) for a in allowed) \
+                and choices[s][0] not in allowed:
+            choices[s] = [max(int(a) for a in allowed)]
     bindings = [{}]
     for s, values in choices.items():
         bindings = [{**b, s: v} for b in bindings for v in values]
