@@ -481,3 +481,11 @@ def test_compare_measures_a_model_with_open_dims_at_its_representative_shape(tmp
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert {r["strategy"] for r in rows} == {"eqsat-greedy", "ort-enable-all", "ort-disable-all"}
     assert all(r["status"] == "ok" and r["verified"] == "True" for r in rows), rows
+
+
+def test_the_dynamo_exporters_decode_step_runs_at_every_past_length():
+    path = MODELS / "gpt2_kv_dynamo_tiny.onnx"      # torch.export's shape plumbing (sym_size)
+    compiled = ef.compile(path, backend="numpy")
+    assert set(compiled.report.symbolic["symbols"]) == {"batch", "seq", "total", "past"}
+    for b, s, p in ((1, 1, 5), (2, 3, 0), (1, 7, 9)):
+        _check_against_ort(compiled, path, _gpt2_feeds(b, s, p, seed=p))

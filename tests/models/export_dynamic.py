@@ -11,7 +11,9 @@ Runs in the export venv, like export_models.py (random weights, seed 0, TorchScr
   [batch, seq], `attention_mask` [batch, total] (total = past + seq), `past_key_<i>` /
   `past_value_<i>` [batch, heads, past, head_dim]; it returns `logits` and the
   `present_key_<i>` / `present_value_<i>` [batch, heads, total, head_dim] that the next step
-  reads as its past.
+  reads as its past;
+- `gpt2_kv_dynamo`: the same decode step through the dynamo exporter (`dynamic_shapes`; needs
+  onnxscript in the export venv), whose shape plumbing differs.
 
 `--size tiny` (the default) writes the test models into tests/models; `--size real` writes
 deployment-size ones (BERT-base, GPT-2 small) for the benchmarks (bench/decode.py,
@@ -41,12 +43,16 @@ CONFIGS = {
                          num_attention_heads=4, intermediate_size=64,
                          max_position_embeddings=128),
         "gpt2_kv": dict(vocab_size=128, n_positions=256, n_embd=32, n_layer=2, n_head=4),
+        "gpt2_kv_dynamo": dict(vocab_size=128, n_positions=256, n_embd=32, n_layer=2,
+                               n_head=4),
     },
     "real": {
         "bert_dyn": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
                          num_attention_heads=12, intermediate_size=3072,
                          max_position_embeddings=512),
         "gpt2_kv": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
+        "gpt2_kv_dynamo": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12,
+                               n_head=12),
     },
 }
 
@@ -136,6 +142,37 @@ def export_gpt2(config: dict, path: Path):
         module
 
 
+def export_gpt2_dynamo(config: dict, path: Path):
+    """The decode step of `export_gpt2`, exported by the dynamo exporter (torch.export with
+    `dynamic_shapes`; needs onnxscript): other shape plumbing (sym_size) than TorchScript's."""
+    torch.manual_seed(SEED)
+    cfg = transformers.GPT2Config(**config)
+    cfg._attn_implementation = "eager"
+    layers, heads = config["n_layer"], config["n_head"]
+    head_dim = config["n_embd"] // heads
+    module = DecodeStep(transformers.GPT2LMHeadModel(cfg).eval(), layers).eval()
+    gen = torch.Generator().manual_seed(SEED + 2)
+    past_names = [f"past_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+
+    def feeds(batch, seq, past):
+        ids = torch.randint(0, config["vocab_size"], (batch, seq), generator=gen)
+        mask = torch.ones(batch, past + seq, dtype=torch.int64)
+        kv = [torch.randn(batch, heads, past, head_dim, generator=gen) for _ in past_names]
+        return (ids, mask, *kv)
+
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=64)
+    past, total = torch.export.Dim("past", max=128), torch.export.Dim("total", max=192)
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, tuple({0: batch, 2: past}
+                                                              for _ in past_names))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, feeds(1, 2, 3), str(path),
+                          input_names=["input_ids", "attention_mask", *past_names],
+                          dynamic_shapes=shapes, dynamo=True)
+    return [dict(zip(["input_ids", "attention_mask", *past_names], feeds(b, s, p)))
+            for b, s, p in ((1, 1, 5), (2, 4, 0), (1, 7, 9))], module
+
+
 def check(path: Path, cases: list[dict], module) -> float:
     """Largest |onnxruntime - torch| over the cases (each a different shape)."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -152,7 +189,8 @@ def check(path: Path, cases: list[dict], module) -> float:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help="bert_dyn, gpt2_kv (default: both)")
+    parser.add_argument("names", nargs="*",
+                        help="bert_dyn, gpt2_kv, gpt2_kv_dynamo (default: all)")
     parser.add_argument("--size", choices=sorted(CONFIGS), default="tiny")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder to write into (default: tests/models for tiny)")
@@ -163,7 +201,8 @@ def main(argv: list[str]) -> int:
                      "the repository)")
     out.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
-    exporters = {"bert_dyn": export_bert, "gpt2_kv": export_gpt2}
+    exporters = {"bert_dyn": export_bert, "gpt2_kv": export_gpt2,
+                 "gpt2_kv_dynamo": export_gpt2_dynamo}
     names = args.names or list(exporters)
     for name in names:
         if name not in exporters:
