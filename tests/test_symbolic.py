@@ -489,3 +489,36 @@ def test_the_dynamo_exporters_decode_step_runs_at_every_past_length():
     assert set(compiled.report.symbolic["symbols"]) == {"batch", "seq", "total", "past"}
     for b, s, p in ((1, 1, 5), (2, 3, 0), (1, 7, 9)):
         _check_against_ort(compiled, path, _gpt2_feeds(b, s, p, seed=p))
+
+
+def test_symbols_merged_by_broadcasting_bind_from_either_input():
+    # Add(Concat(x, y), z): z's open dim t must be p + q; a and b's m and k must be equal
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["p", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["q", 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["t", 4])
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, "m"])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["k"])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [None, 4])
+    out2 = helper.make_tensor_value_info("out2", TensorProto.FLOAT, [2, None])
+    nodes = [helper.make_node("Concat", ["x", "y"], ["c"], axis=0),
+             helper.make_node("Add", ["c", "z"], ["out"]),
+             helper.make_node("Mul", ["a", "b"], ["out2"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, y, z, a, b], [out, out2]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    compiled = ef.compile(model, backend="numpy")
+    assert set(compiled.report.symbolic["symbols"]) == {"p", "q", "m"} or \
+        set(compiled.report.symbolic["symbols"]) == {"p", "q", "k"}
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32),
+             "y": rng.standard_normal((3, 4)).astype(np.float32),
+             "z": rng.standard_normal((5, 4)).astype(np.float32),
+             "a": rng.standard_normal((2, 6)).astype(np.float32),
+             "b": rng.standard_normal(6).astype(np.float32)}
+    got = compiled.run(feeds)
+    np.testing.assert_allclose(got["out"], np.concatenate([feeds["x"], feeds["y"]]) + feeds["z"],
+                               rtol=1e-6)
+    np.testing.assert_allclose(got["out2"], feeds["a"] * feeds["b"], rtol=1e-6)
+    with pytest.raises(FeedError, match=r"input 'z' dim 0 must be p \+ q = 5, but is fed 4"):
+        compiled.run({**feeds, "z": feeds["z"][:4]})
+    with pytest.raises(FeedError, match="share the symbol"):
+        compiled.run({**feeds, "b": feeds["b"][:5]})

@@ -280,8 +280,10 @@ class _Walk:
         out.shape_values = {k: _map(self.r, v) for k, v in out.shape_values.items()}
         out.constraints = [(self.r(d), tuple(self.r(a) for a in allowed), why)
                            for d, allowed, why in out.constraints]
-        for s, d in self.subst.items():
-            out.constraints.append((symbol(s), (self.r(d),), "merged by broadcasting"))
+        # a symbol merged into another dim by broadcasting is that dim now, in the inputs'
+        # shapes too: a run checks the input that had it against the expression (`bind`)
+        for s in self.subst:
+            out.symbols.pop(s, None)
 
     # ---- output shapes ----
     def unify(self, a, b, where: str):
