@@ -29,7 +29,7 @@ from .numerics import resolve as resolve_numerics
 from .saturation.limits import HardLimits, saturate_in_child
 from .saturation.passes import saturate_by_passes
 from .saturation.saturate import Budgets, saturate
-from .saturation.serialized import fill_missing_facts, read_egraph, with_dims
+from .saturation.serialized import read_for_extraction, with_dims
 from .signature import representative_bindings
 from .threads import resolve as resolve_threads
 from .tools.explain import shaping_rules
@@ -109,7 +109,8 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
         egraph, saturation = saturate_in_child(encoding, rules, budgets or Budgets(), hard_limits,
                                                cost_model.rule_files, numerics)
     stage("extract")
-    serialized, priced = _read(egraph, encoding, signature)
+    serialized, priced = read_for_extraction(egraph, encoding.dim_codes,
+                                             signature and signature.representative)
 
     def extract_at(eg):
         return extract(eg, roots_of(eg, encoding.output_vars), cost_model, extractor,
@@ -141,19 +142,6 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
     return Compiled(program, report, source,
                     source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
                     extraction=context, opset=graph.opset, generic=generic)
-
-
-def _read(egraph, encoding, signature):
-    """The e-graph as extraction reads it, twice: with its shapes and view attributes as dims
-    (for decoding), and with each dim's value under the representative binding (for the cost
-    model). The same object for a static-shape model."""
-    serialized = read_egraph(egraph)
-    if signature is None:
-        fill_missing_facts(serialized)
-        return serialized, serialized
-    serialized = with_dims(serialized, encoding.dim_codes.dim)      # e-graph codes -> dims
-    fill_missing_facts(serialized)
-    return serialized, with_dims(serialized, lambda d: evaluate(d, signature.representative))
 
 
 def _lower(plan, signature, options: dict):

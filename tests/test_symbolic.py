@@ -522,3 +522,12 @@ def test_symbols_merged_by_broadcasting_bind_from_either_input():
         compiled.run({**feeds, "z": feeds["z"][:4]})
     with pytest.raises(FeedError, match="share the symbol"):
         compiled.run({**feeds, "b": feeds["b"][:5]})
+
+
+def test_the_passes_strategy_prices_a_model_with_open_dims_at_the_representative_shape():
+    generic = ef.compile(BERT, backend="numpy", strategy="passes")
+    static = ef.compile(BERT, backend="numpy", strategy="passes",
+                        input_shapes={"input_ids": (1, 128), "attention_mask": (1, 128)})
+    assert generic.report.cost == pytest.approx(static.report.cost, rel=1e-9)
+    for b, s in ((1, 8), (3, 5)):
+        _check_against_ort(generic, BERT, _bert_feeds(b, s, seed=s))

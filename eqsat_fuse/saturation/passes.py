@@ -21,7 +21,7 @@ from ..frontend.encode import Encoding, encode_choice
 from ..ir import Graph
 from .saturate import (Budgets, IterationRecord, RuleProgram, SaturationReport, StopReason,
                        iteration_record)
-from .serialized import fill_missing_facts, read_egraph
+from .serialized import read_for_extraction
 
 SHIPPED_PASSES = ("canon", "fold", "fuse")
 _LEAVES = {"Mat", "Const", "Input"}
@@ -114,10 +114,11 @@ def saturate_by_passes(encoding: Encoding, graph: Graph, user_rules: list[str | 
                         round_matches[rule] = round_matches.get(rule, 0) + count
                 if not changed:
                     break
-            eg = read_egraph(program.egraph)
-            fill_missing_facts(eg)
+            eg, priced = read_for_extraction(program.egraph, current.dim_codes,
+                                             graph.signature and graph.signature.representative)
             nodes = max(nodes, len(eg.nodes))
-            chosen = extract(eg, roots_of(eg, current.output_vars), cost_model, extractor)
+            chosen = extract(priced, roots_of(priced, current.output_vars), cost_model,
+                             extractor)
             current = encode_choice(eg, chosen.choice, current, graph)
             best_cost = min(best_cost, chosen.cost)
         else:

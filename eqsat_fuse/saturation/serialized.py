@@ -15,7 +15,7 @@ from typing import Any
 from egglog import bindings
 
 from ..frontend.encode import constructor_sorts
-from ..dims import broadcast_shapes
+from ..dims import broadcast_shapes, evaluate
 
 TERM_SORTS = ("T", "TList")
 
@@ -215,6 +215,20 @@ def with_dims(eg: SerializedEGraph, convert) -> SerializedEGraph:
                             class_ids=eg.class_ids,
                             shapes={c: tuple(convert(d) for d in s) for c, s in eg.shapes.items()},
                             dtypes=eg.dtypes, lets=eg.lets, relations=eg.relations)
+
+
+def read_for_extraction(egraph: bindings.EGraph, codes, binding: dict | None
+                        ) -> tuple[SerializedEGraph, SerializedEGraph]:
+    """The e-graph as extraction reads it, twice: with its shapes and view attributes as dims
+    (`codes`: the encoding's `dims.DimCodes`), for decoding, and with each dim's value under
+    `binding`, for the cost model. The same object for a static-shape model (codes None)."""
+    serialized = read_egraph(egraph)
+    if codes is None:
+        fill_missing_facts(serialized)
+        return serialized, serialized
+    serialized = with_dims(serialized, codes.dim)      # e-graph codes -> dims
+    fill_missing_facts(serialized)
+    return serialized, with_dims(serialized, lambda d: evaluate(d, binding))
 
 
 def fill_missing_facts(eg: SerializedEGraph) -> None:
