@@ -14,6 +14,7 @@ import onnx
 
 from .backends import resolve_backend
 from .compiled import Compiled, TensorSpec, load  # noqa: F401  (the compiler's results)
+from .dims import evaluate
 from .errors import EqsatFuseError
 from .extraction.cost import roots_of
 from .extraction.costmodel import load_cost_model
@@ -21,9 +22,8 @@ from .extraction.fusion_values import ExtractionContext
 from .extraction.registry import extract
 from .frontend.encode import encode
 from .frontend.importer import import_model, with_input_shapes
-from .dims import evaluate
 from .lowering.decode import decode
-from .lowering.generic import ShapeGeneric, specialize
+from .lowering.generic import ShapeGeneric
 from .lowering.lower import Program, lower
 from .numerics import resolve as resolve_numerics
 from .saturation.limits import HardLimits, saturate_in_child
@@ -52,7 +52,7 @@ def compile(model: str | Path | onnx.ModelProto, target: str = "cpu", backend: s
             hard_limits: HardLimits | None = None,
             objective: str = "latency", ilp_seconds: float = 30.0,
             threads: int | None = None, numerics: str | None = None,
-            dims: dict[str, int] | None = None) -> Compiled:
+            dims: dict[str, int | list[int]] | None = None) -> Compiled:
     """Compile an ONNX model (path or ModelProto) into a fused program for `target`.
 
     `rules` adds rule files to the shipped ones; `input_shapes` fixes dynamic input dims;

@@ -325,7 +325,6 @@ class NumbaBackend:
         than one thread the copy runs in a worker thread: its page faults and copying (0.1 s
         for the 180 MB of a 1,869-node decoder's weights) overlap generating and linking the
         other kernels; `finish_packing` waits for it, before the program runs."""
-        from . import packed_gemm as PG
         key = (b.__array_interface__["data"][0], b.shape, b.strides, b.dtype.str)
         if key in self._packed:
             return self._packed[key][1]
