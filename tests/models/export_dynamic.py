@@ -115,7 +115,9 @@ def export_bert(config: dict, path: Path) -> list[dict]:
     return [dict(zip(names, feeds(b, s))) for b, s in ((1, 8), (2, 16), (3, 5))], module
 
 
-def export_gpt2(config: dict, path: Path):
+def _decode_step(config: dict):
+    """GPT-2's decode step with random weights (seed 0), its past inputs' names, and a maker
+    of its feeds (batch, seq, past) -> (ids, mask, *past), seeded."""
     torch.manual_seed(SEED)
     cfg = transformers.GPT2Config(**config)
     cfg._attn_implementation = "eager"
@@ -124,7 +126,6 @@ def export_gpt2(config: dict, path: Path):
     module = DecodeStep(transformers.GPT2LMHeadModel(cfg).eval(), layers).eval()
     gen = torch.Generator().manual_seed(SEED + 2)
     past_names = [f"past_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
-    present_names = [f"present_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
 
     def feeds(batch, seq, past):
         ids = torch.randint(0, config["vocab_size"], (batch, seq), generator=gen)
@@ -132,45 +133,39 @@ def export_gpt2(config: dict, path: Path):
         kv = [torch.randn(batch, heads, past, head_dim, generator=gen) for _ in past_names]
         return (ids, mask, *kv)
 
+    return module, past_names, feeds
+
+
+def _decode_cases(inputs: list[str], feeds) -> list[dict]:
+    return [dict(zip(inputs, feeds(b, s, p))) for b, s, p in ((1, 1, 5), (2, 4, 0), (1, 7, 9))]
+
+
+def export_gpt2(config: dict, path: Path):
+    module, past_names, feeds = _decode_step(config)
+    present_names = [n.replace("past_", "present_") for n in past_names]
     inputs = ["input_ids", "attention_mask", *past_names]
     dynamic = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
                "logits": {0: "batch", 1: "seq"}}
     dynamic.update({n: {0: "batch", 2: "past"} for n in past_names})
     dynamic.update({n: {0: "batch", 2: "total"} for n in present_names})
     _export(module, feeds(1, 2, 3), path, inputs, ["logits", *present_names], dynamic)
-    return [dict(zip(inputs, feeds(b, s, p))) for b, s, p in ((1, 1, 5), (2, 4, 0), (1, 7, 9))], \
-        module
+    return _decode_cases(inputs, feeds), module
 
 
 def export_gpt2_dynamo(config: dict, path: Path):
     """The decode step of `export_gpt2`, exported by the dynamo exporter (torch.export with
     `dynamic_shapes`; needs onnxscript): other shape plumbing (sym_size) than TorchScript's."""
-    torch.manual_seed(SEED)
-    cfg = transformers.GPT2Config(**config)
-    cfg._attn_implementation = "eager"
-    layers, heads = config["n_layer"], config["n_head"]
-    head_dim = config["n_embd"] // heads
-    module = DecodeStep(transformers.GPT2LMHeadModel(cfg).eval(), layers).eval()
-    gen = torch.Generator().manual_seed(SEED + 2)
-    past_names = [f"past_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
-
-    def feeds(batch, seq, past):
-        ids = torch.randint(0, config["vocab_size"], (batch, seq), generator=gen)
-        mask = torch.ones(batch, past + seq, dtype=torch.int64)
-        kv = [torch.randn(batch, heads, past, head_dim, generator=gen) for _ in past_names]
-        return (ids, mask, *kv)
-
+    module, past_names, feeds = _decode_step(config)
+    inputs = ["input_ids", "attention_mask", *past_names]
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=64)
     past, total = torch.export.Dim("past", max=128), torch.export.Dim("total", max=192)
     shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, tuple({0: batch, 2: past}
                                                               for _ in past_names))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, feeds(1, 2, 3), str(path),
-                          input_names=["input_ids", "attention_mask", *past_names],
+        torch.onnx.export(module, feeds(1, 2, 3), str(path), input_names=inputs,
                           dynamic_shapes=shapes, dynamo=True)
-    return [dict(zip(["input_ids", "attention_mask", *past_names], feeds(b, s, p)))
-            for b, s, p in ((1, 1, 5), (2, 4, 0), (1, 7, 9))], module
+    return _decode_cases(inputs, feeds), module
 
 
 def check(path: Path, cases: list[dict], module) -> float:
