@@ -14,7 +14,6 @@ import onnx
 
 from .backends import resolve_backend
 from .compiled import Compiled, TensorSpec, load  # noqa: F401  (the compiler's results)
-from .dims import evaluate
 from .errors import EqsatFuseError
 from .extraction.cost import roots_of
 from .extraction.costmodel import load_cost_model
@@ -29,7 +28,7 @@ from .numerics import resolve as resolve_numerics
 from .saturation.limits import HardLimits, saturate_in_child
 from .saturation.passes import saturate_by_passes
 from .saturation.saturate import Budgets, saturate
-from .saturation.serialized import read_for_extraction, with_dims
+from .saturation.serialized import priced_at, read_for_extraction
 from .signature import representative_bindings
 from .threads import resolve as resolve_threads
 from .tools.explain import shaping_rules
@@ -181,7 +180,7 @@ def _add_bucket(generic: ShapeGeneric, binding: dict, serialized, encoding, grap
                 extract_at) -> None:
     """One more shape bucket: extraction priced at `binding`, decoded, lowered (and its
     kernels compiled) at that binding, so that its first run waits for nothing."""
-    extraction = extract_at(with_dims(serialized, lambda d: evaluate(d, binding)))
+    extraction = extract_at(priced_at(serialized, binding))
     generic.add_bucket(binding, decode(serialized, extraction, encoding, graph),
                        extraction.latency_us)
     generic.buckets[-1][1].program_for(binding, defer_jit=False)

@@ -1,7 +1,7 @@
 """The symbolic signature of a shape-generic program: which input dims are symbols, how a run's
 feeds bind them, and the values the program reads that depend on the symbols alone.
 
-`frontend.symbolic` finds these at import; the compiled program (`compiled.ShapeGeneric`)
+`frontend.symbolic` finds these at import; the compiled program (`lowering.generic.ShapeGeneric`)
 keeps a `Signature` and, for each run, binds the symbols from the feeds' shapes (`bind`:
 a feed that disagrees with another on a shared symbol is refused, naming both), and computes the
 derived inputs for that binding (`derive`: shape values such as a Reshape target fed as data, a
@@ -35,10 +35,6 @@ class Signature:
     symbols: dict[str, str] = field(default_factory=dict)    # symbol -> where it comes from
     representative: dict[str, int] = field(default_factory=dict)   # what extraction priced
     runners: dict = field(default_factory=dict, repr=False)   # the recipe's node runners
-
-    @property
-    def symbolic(self) -> bool:
-        return bool(self.symbols)
 
     def bind(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
         """The symbols' values given each input's concrete shape, or `BindError`."""

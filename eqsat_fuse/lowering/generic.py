@@ -16,7 +16,6 @@ masks, positions) are computed once per shape.
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
@@ -102,7 +101,6 @@ class ShapeGeneric:
         self.signature = signature
         self.lower_options = lower_options
         self.programs: OrderedDict[tuple, tuple[Any, dict[str, np.ndarray]]] = OrderedDict()
-        self.lower_seconds: dict[tuple, float] = {}   # per shape: its (last) lowering
         self.background_jit = True          # a new shape's uncached kernels compile elsewhere
         self.compiled_since: set[tuple] = set()   # shapes whose deferred kernels are now cached
         self.jobs: list = []
@@ -143,13 +141,11 @@ class ShapeGeneric:
         if found is not None and not again:
             self.programs.move_to_end(key)
             return found
-        start = time.perf_counter()
         from .lower import lower
         defer = self.background_jit if defer_jit is None else defer_jit
         program = lower(specialize(self.plan, binding, self.template), **self.lower_options,
                         defer_jit=defer, shared=self.shared)
         found = (program, found[1] if found else self._derive(binding))
-        self.lower_seconds[key] = time.perf_counter() - start
         self.programs[key] = found
         self.programs.move_to_end(key)
         while len(self.programs) > 1 and (

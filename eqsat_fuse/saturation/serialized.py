@@ -228,7 +228,12 @@ def read_for_extraction(egraph: bindings.EGraph, codes, binding: dict | None
         return serialized, serialized
     serialized = with_dims(serialized, codes.dim)      # e-graph codes -> dims
     fill_missing_facts(serialized)
-    return serialized, with_dims(serialized, lambda d: evaluate(d, binding))
+    return serialized, priced_at(serialized, binding)
+
+
+def priced_at(eg: SerializedEGraph, binding: dict) -> SerializedEGraph:
+    """`eg` (shapes as dims) with each dim's value under `binding`: what the cost model reads."""
+    return with_dims(eg, lambda d: evaluate(d, binding))
 
 
 def fill_missing_facts(eg: SerializedEGraph) -> None:
