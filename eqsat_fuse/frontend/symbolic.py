@@ -22,6 +22,7 @@ and TVM Relax's shape expressions; our own, with `dims` as the arithmetic.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -201,9 +202,7 @@ class _Walk:
             self.set_shape_value(node.output[0], _objects(shape[start:end]))
             return
         if op == "Size":
-            total = 1
-            for d in self.info(node.input[0]).shape:
-                total = total * d
+            total = math.prod(self.info(node.input[0]).shape)     # ints and dims
             self.set_shape_value(node.output[0], _objects([total]).reshape(()))
             return
         if kinds <= {"constant"} and node.input and op not in ("RandomNormal", "RandomUniform",
@@ -379,7 +378,7 @@ class _Walk:
         if op == "Flatten":
             axis = int(a.get("axis", 1))
             axis = axis + len(x) if axis < 0 else axis
-            return (_prod(x[:axis]), _prod(x[axis:]))
+            return (math.prod(x[:axis]), math.prod(x[axis:]))
         if op == "Squeeze":
             axes = self.need(node, 1, "axes") or a.get("axes")
             if axes is None:
@@ -501,11 +500,11 @@ class _Walk:
         out = [x[i] if (t == 0 and not allowzero and not is_symbolic(t)) else t
                for i, t in enumerate(target)]
         if any(not is_symbolic(t) and t == -1 for t in out):
-            known = _prod([t for t in out if is_symbolic(t) or t != -1])
-            rest = floordiv(_prod(x), known)
+            known = math.prod([t for t in out if is_symbolic(t) or t != -1])
+            rest = floordiv(math.prod(x), known)
             out = [rest if (not is_symbolic(t) and t == -1) else t for t in out]
-        elif _prod(out) != _prod(x):
-            self.out.constraints.append((_prod(x), (_prod(out),), where))
+        elif math.prod(out) != math.prod(x):
+            self.out.constraints.append((math.prod(x), (math.prod(out),), where))
         return tuple(out)
 
     def slice(self, node, x):
@@ -610,13 +609,6 @@ def _objects(items) -> np.ndarray:
     return out
 
 
-def _prod(dims):
-    total = 1
-    for d in dims:
-        total = total * d
-    return total
-
-
 def _clamp_index(i, n, step):
     """A Slice start or end as ONNX clamps it to an axis of length n (symbolic or not)."""
     if not is_symbolic(i):
@@ -684,7 +676,7 @@ def _shape_op(node: onnx.NodeProto, inputs: list, r) -> np.ndarray | None:
     if op == "ReduceProd":
         if x0.ndim != 1 or int(a.get("keepdims", 1)) not in (0, 1):
             raise _NotDims
-        out = _objects([_prod(x0)])
+        out = _objects([math.prod(x0)])
         return out if int(a.get("keepdims", 1)) else out.reshape(())
     if op == "Expand":
         shape = [int(v) for v in inputs[1]]
