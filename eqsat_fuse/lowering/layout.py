@@ -45,17 +45,22 @@ class Layout:
 _BASE = np.zeros(1, dtype=np.uint8)
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The element strides of a C-contiguous array of `shape` (a dim of 0 counts as 1)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
 def probe(shape: tuple[int, ...]) -> np.ndarray:
     """A C-contiguous array of `shape` over one byte: element strides as byte strides, no data.
 
     Never read from it: only views (which compute strides) may be applied.
     """
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
     return np.lib.stride_tricks.as_strided(_BASE, shape=tuple(shape),
-                                           strides=tuple(reversed(strides)), writeable=False)
+                                           strides=contiguous_strides(shape), writeable=False)
 
 
 def view_shape(op: str, attrs: dict, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -89,15 +94,22 @@ def view_layouts(plan: KernelPlan, constants: dict[str, np.ndarray]
 
     Graph inputs and constants are contiguous storages of their own; a compute kernel's output
     is a contiguous storage; an alias kernel is a view of its input's storage when strides allow.
+    A storage's probe array is made only when a view of it is resolved (most are never viewed,
+    and making one costs more than the rest of a value's layout).
     """
     probes: dict[str, np.ndarray] = {}
     roots: dict[str, str] = {}
     layouts: dict[str, Layout] = {}
 
     def own(name: str, shape) -> None:
-        probes[name] = view = probe(tuple(shape))
+        shape = tuple(int(n) for n in shape)
         roots[name] = name
-        layouts[name] = Layout(name, 0, view.shape, view.strides)    # its own storage
+        layouts[name] = Layout(name, 0, shape, contiguous_strides(shape))   # its own storage
+
+    def probe_of(name: str) -> np.ndarray:
+        if name not in probes:              # a storage of its own: its probe, made now
+            probes[name] = probe(layouts[name].shape)
+        return probes[name]
 
     for name, info in plan.inputs.items():
         own(name, info.shape)
@@ -108,12 +120,13 @@ def view_layouts(plan: KernelPlan, constants: dict[str, np.ndarray]
         if kernel.kind == "alias" and len(kernel.body) == 1 and kernel.inputs:
             node = kernel.body[0]
             source = node.args[0].ref if node.args and node.args[0].kind != "absent" else None
-            if source in probes:
-                view = apply_view(node, probes[source])
+            if source in layouts:
+                view = apply_view(node, probe_of(source))
                 if view is not None and tuple(view.shape) == tuple(kernel.info.shape):
                     probes[kernel.output] = view
                     roots[kernel.output] = roots[source]
-                    layouts[kernel.output] = layout_of(view, roots[source], probes[roots[source]])
+                    layouts[kernel.output] = layout_of(view, roots[source],
+                                                       probe_of(roots[source]))
                     continue
             copies.add(kernel.output)
         own(kernel.output, kernel.info.shape)
