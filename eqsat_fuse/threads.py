@@ -34,8 +34,9 @@ second) against 12.7 ms at 1 thread, and onnxruntime took 17 ms at its default.
 So before a run `governed` looks at how busy this process's cores are: at most every
 `LOAD_WINDOW` seconds it reads the CPU time the kernel has counted on them (`/proc/stat`: busy
 and stolen time) and subtracts this process's own CPU time (all its threads, the spinning
-workers included). What is left is the load of other processes, in cores, and a run uses one
-thread per core that load leaves free, within `threads` and never fewer than one: with 2 cores,
+workers included, and its children that have ended and been waited for: a compile's JIT
+workers). What is left is the load of other processes, in cores, and a run uses one thread per
+core that load leaves free, within `threads` and never fewer than one: with 2 cores,
 2 threads while other processes use less than `IDLE_LOAD` of a core, 1 thread from there on. Kernels compiled for two threads run
 correctly on one: a `prange` over parts runs the parts one after another. On a machine without
 `/proc/stat` a run uses `threads`. Nothing is changed in the environment or in the thread pools
@@ -158,7 +159,7 @@ class CoreLoad:
         with self.lock:
             if self.last is not None and now - self.last[0] < LOAD_WINDOW:
                 return
-            busy, own = self.busy_seconds(), time.process_time()
+            busy, own = self.busy_seconds(), time.process_time() + _children_cpu()
             if busy is None:
                 return
             if self.last is not None:
@@ -173,6 +174,15 @@ class CoreLoad:
             return 1
         self.sample()
         return max(1, min(threads, self.free))
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that have ended and been waited for: the Numba
+    backend's JIT workers (`backends.numba.parallel_jit`) are this process's work, not other
+    load; counted as other load, a compile's workers made the first runs after it take one
+    thread (the window of the first look spans the compile)."""
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 LOAD = CoreLoad()

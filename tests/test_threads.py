@@ -216,10 +216,12 @@ class _Machine:
         self.path = folder / "stat"
         self.wall = 100.0
         self.own = 0.0
+        self.children = 0.0                   # CPU of our children that ended (waited for)
         self.ticks = [0, 0]                   # busy ticks of cpu0, cpu1 (100 a second)
         self.write()
         monkeypatch.setattr(T, "time", SimpleNamespace(monotonic=lambda: self.wall,
                                                        process_time=lambda: self.own))
+        monkeypatch.setattr(T, "_children_cpu", lambda: self.children)
         self.load = T.CoreLoad(str(self.path))
         self.load.cpus = {"cpu0", "cpu1"}
         self.load.tick = 0.01
@@ -230,9 +232,10 @@ class _Machine:
             lines.append(f"cpu{i} {busy - busy // 4} 0 {busy // 4} 9999 0 0 0 0 0 0")
         self.path.write_text("\n".join(lines + ["intr 0", ""]))
 
-    def advance(self, seconds, busy=(0.0, 0.0), own=0.0):
+    def advance(self, seconds, busy=(0.0, 0.0), own=0.0, children=0.0):
         self.wall += seconds
         self.own += own
+        self.children += children
         self.ticks = [t + round(b * 100) for t, b in zip(self.ticks, busy)]
         self.write()
 
@@ -258,6 +261,22 @@ def test_this_processs_own_threads_do_not_count_as_load(tmp_path, monkeypatch):
     assert m.load.usable(2) == 2
     m.advance(0.5, busy=(0.5, 0.2), own=0.5)             # others: 0.4 of a core
     assert m.load.usable(2) == 1
+
+
+def test_a_compiles_finished_jit_workers_do_not_count_as_load(tmp_path, monkeypatch):
+    m = _Machine(tmp_path, monkeypatch)
+    m.load.sample()                                      # compile starts
+    m.advance(5.0, busy=(5.0, 4.0), own=5.0, children=4.0)   # a JIT worker on cpu1, waited for
+    assert m.load.usable(2) == 2                         # the first run after the compile
+    m.advance(0.5, busy=(0.5, 0.5), own=0.5)             # a process that is not ours
+    assert m.load.usable(2) == 1
+
+
+def test_the_children_counted_are_the_ones_waited_for():
+    before = T._children_cpu()
+    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.3\n"
+                    "while time.process_time() < end: pass"], check=True)
+    assert T._children_cpu() - before >= 0.25
 
 
 def test_without_proc_stat_a_run_uses_its_threads(tmp_path, monkeypatch):
