@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import EqsatFuseError
+from .errors import EqsatFuseError, FeedError, RunError
 from .ir import CANONICAL_OPSET, KernelPlan, TensorInfo
 from .lowering.generic import ShapeGeneric
 from .lowering.lower import Program
@@ -128,10 +128,23 @@ class Compiled:
         from .checking.verify import random_feeds, verify_program
 
         self._need_source("verify")
-        feeds = random_feeds(self.example_inputs, seed) if feeds is None else feeds
-        return verify_program(self._source, self.plan, self.run, feeds, against,
-                              self.program.storage_dtype, rtol=rtol, atol=atol,
-                              tolerances=tolerances)
+        drawn = feeds is None
+        feeds = random_feeds(self.example_inputs, seed) if drawn else feeds
+        try:
+            return verify_program(self._source, self.plan, self.run, feeds, against,
+                                  self.program.storage_dtype, rtol=rtol, atol=atol,
+                                  tolerances=tolerances)
+        except (FeedError, RunError) as why:
+            if not drawn or self.generic is None:
+                raise
+            binding = ", ".join(f"{k}={v}" for k, v in
+                                self.generic.signature.representative.items())
+            raise type(why)(
+                f"{why}; the inputs were drawn at the representative binding {binding}, which "
+                f"this model's shape facts allow but its values may not (a decode step's past "
+                f"and total lengths, say): give verify inputs of a shape the model runs at, or "
+                f"compile with dims={{...}} (--dim NAME=VALUE) binding the symbols to sizes it "
+                f"takes") from None
 
     def to_onnx(self, path: str | Path | None = None, force: bool = False,
                 opset: int | None = None, inline: bool = False) -> onnx.ModelProto:

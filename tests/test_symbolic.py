@@ -291,6 +291,14 @@ def test_verify_draws_the_users_inputs_at_the_representative_shape(bert):
     assert bert.verify().ok
 
 
+def test_a_representative_shape_the_model_cannot_run_at_says_how_to_bind_the_dims():
+    # past = seq = total = 128: positions past..past+seq-1 run off GPT-2's 128 positions
+    with pytest.raises(ef.RunError, match=r"representative binding batch=1, seq=128, "
+                                          r"total=128, past=128.*dims=\{\.\.\.\}"):
+        ef.compile(GPT2, backend="numpy").verify()
+    assert ef.compile(GPT2, backend="numpy", dims={"seq": 1, "past": 7, "total": 8}).verify().ok
+
+
 _BACKGROUND = """
 import json, sys
 import numpy as np

@@ -148,3 +148,15 @@ def test_nan_shape_and_dtype_mismatches_are_named():
     loose = compare({"n": np.array([1, 5])}, {"n": np.array([1, 4])}, "t",
                     tolerances={"n": (0, 1)}).outputs[0]
     assert loose.ok
+
+
+def test_inputs_the_original_model_cannot_run_are_a_one_line_run_error():
+    """onnxruntime refusing the feeds (an index out of range) is the user's RunError with
+    onnxruntime's reason, not onnxruntime's own exception."""
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    model = make_model([helper.make_node("Gather", ["table", "i"], ["y"])],
+                       [("i", [2], TensorProto.INT64)], [("y", [2, 3])], {"table": table})
+    compiled = ef.compile(model, backend="numpy")
+    with pytest.raises(ef.RunError, match="onnxruntime cannot run the original model.*Gather"):
+        compiled.verify({"i": np.array([1, 9], np.int64)})
+    assert compiled.verify({"i": np.array([1, 3], np.int64)}).ok

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import onnx
 
-from ..errors import EqsatFuseError
+from ..errors import EqsatFuseError, RunError
 from ..ir import KernelPlan, TensorInfo
 
 # (rtol, atol) by output dtype; integer and boolean outputs must match exactly.
@@ -140,10 +140,16 @@ def _run_oracle(model: onnx.ModelProto, feeds, names: list[str], against: str):
         else:
             options = ort.SessionOptions()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            options.log_severity_level = 3
+            options.log_severity_level = 4     # its errors are raised, not logged
             session = ort.InferenceSession(model.SerializeToString(), options,
                                            providers=["CPUExecutionProvider"])
-            return dict(zip(names, session.run(names, feeds))), "onnxruntime"
+            state = ort.capi.onnxruntime_pybind11_state
+            try:
+                return dict(zip(names, session.run(names, feeds))), "onnxruntime"
+            except (state.InvalidArgument, state.Fail, state.RuntimeException) as why:
+                message = str(why).splitlines()[0] if str(why) else type(why).__name__
+                raise RunError(f"onnxruntime cannot run the original model on these inputs: "
+                               f"{message}") from None
     if against != "reference":
         raise ValueError(f"unknown oracle {against!r}; use 'ort' or 'reference'")
     from onnx.reference import ReferenceEvaluator
