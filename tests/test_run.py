@@ -75,3 +75,41 @@ def test_verify_reports_relative_error_over_elements_above_atol():
     assert "max rel 0.001 where |want| > atol" in result.summary()
     bad = compare({"y": np.array([0.0, 2.1, -4.0], np.float32)}, {"y": want}, "test")
     assert not bad.ok and "MISMATCH" in bad.summary()
+
+
+def test_the_collector_is_paused_for_the_body_and_put_back_as_it_was():
+    import gc
+    import threading
+
+    from eqsat_fuse.collector import paused
+    assert gc.isenabled()
+    with paused():
+        assert not gc.isenabled()
+        with paused():                       # nested (or a second thread): still off
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    inside = threading.Event()
+    leave = threading.Event()
+
+    def other():
+        with paused():
+            inside.set()
+            leave.wait(5)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    inside.wait(5)
+    with paused():
+        pass
+    assert not gc.isenabled()                # the other thread's body has not ended
+    leave.set()
+    thread.join()
+    assert gc.isenabled()
+    gc.disable()                             # a caller who turned it off keeps it off
+    try:
+        with paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

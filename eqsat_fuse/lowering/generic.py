@@ -141,10 +141,12 @@ class ShapeGeneric:
         if found is not None and not again:
             self.programs.move_to_end(key)
             return found
+        from ..collector import paused
         from .lower import lower
         defer = self.background_jit if defer_jit is None else defer_jit
-        program = lower(specialize(self.plan, binding, self.template), **self.lower_options,
-                        defer_jit=defer, shared=self.shared)
+        with paused():             # the new program's objects live on: no collector walks
+            program = lower(specialize(self.plan, binding, self.template),
+                            **self.lower_options, defer_jit=defer, shared=self.shared)
         found = (program, found[1] if found else self._derive(binding))
         self.programs[key] = found
         self.programs.move_to_end(key)
