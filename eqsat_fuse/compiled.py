@@ -18,6 +18,7 @@ from .errors import EqsatFuseError, FeedError, RunError
 from .ir import CANONICAL_OPSET, KernelPlan, TensorInfo
 from .lowering.generic import ShapeGeneric
 from .lowering.lower import Program
+from .signature import binding_text
 from .tools.report import Report
 
 if TYPE_CHECKING:
@@ -112,10 +113,7 @@ class Compiled:
         profiling one shape's program as `run` would run it."""
         if self.generic is None:
             return self.program, feeds
-        generic = self.generic
-        binding = generic.bind(feeds)
-        program, derived = generic.serving(binding).program_for(binding)
-        return program, {**feeds, **derived}
+        return self.generic.program_at(feeds)
 
     def verify(self, feeds: dict[str, Any] | None = None, against: str = "ort",
                seed: int = 0, rtol: float | None = None, atol: float | None = None,
@@ -137,8 +135,7 @@ class Compiled:
         except (FeedError, RunError) as why:
             if not drawn or self.generic is None:
                 raise
-            binding = ", ".join(f"{k}={v}" for k, v in
-                                self.generic.signature.representative.items())
+            binding = binding_text(self.generic.signature.representative)
             raise type(why)(
                 f"{why}; the inputs were drawn at the representative binding {binding}, which "
                 f"this model's shape facts allow but its values may not (a decode step's past "

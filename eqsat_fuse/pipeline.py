@@ -181,9 +181,9 @@ def _add_bucket(generic: ShapeGeneric, binding: dict, serialized, encoding, grap
     """One more shape bucket: extraction priced at `binding`, decoded, lowered (and its
     kernels compiled) at that binding, so that its first run waits for nothing."""
     extraction = extract_at(priced_at(serialized, binding))
-    generic.add_bucket(binding, decode(serialized, extraction, encoding, graph),
-                       extraction.latency_us)
-    generic.buckets[-1][1].program_for(binding, defer_jit=False)
+    bucket = generic.add_bucket(binding, decode(serialized, extraction, encoding, graph),
+                                extraction.latency_us)
+    bucket.program_for(binding, defer_jit=False)
 
 
 def _check_options(strategy: str, ilp_seconds: float) -> None:

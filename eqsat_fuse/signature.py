@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .dims import bare_symbol, evaluate, is_symbolic, shape_str
+from .dims import bare_symbol, evaluate, evaluate_all, is_symbolic, shape_str
 from .errors import EqsatFuseError
 
 
@@ -115,6 +115,11 @@ class Signature:
 MAX_BUCKETS = 8
 
 
+def binding_text(binding: dict[str, int]) -> str:
+    """A binding as messages and the report show it: `batch=1, seq=128`."""
+    return ", ".join(f"{k}={v}" for k, v in binding.items())
+
+
 def representative_bindings(signature: Signature, given: dict | None) -> list[dict[str, int]]:
     """The bindings extraction prices, one per shape bucket: `given` maps a symbol to a value,
     or to a list of values (buckets: one program for each, the product of every list), and for
@@ -149,8 +154,8 @@ def representative_bindings(signature: Signature, given: dict | None) -> list[di
     for s, values in choices.items():
         bindings = [{**b, s: v} for b in bindings for v in values]
     for b in bindings:
-        signature.check(b, f"at {', '.join(f'{k}={v}' for k, v in b.items())} (the binding "
-                           f"extraction would price: give dims the model can run at)")
+        signature.check(b, f"at {binding_text(b)} (the binding extraction would price: give "
+                           f"dims the model can run at)")
     return bindings
 
 
@@ -168,7 +173,6 @@ def bucket_of(buckets: list[dict[str, int]], binding: dict[str, int]) -> int:
 def model_inputs(graph) -> dict:
     """An imported graph's inputs as `ir.TensorInfo`s of concrete shapes: as declared, or,
     where dims are open, at the representative binding `compile` would price by default."""
-    from .dims import evaluate_all
     from .ir import TensorInfo
     signature = graph.signature
     if signature is None:

@@ -25,7 +25,7 @@ import numpy as np
 from ..dims import Dim, evaluate_all, has_dims
 from ..errors import FeedError
 from ..ir import ConstExpr, Kernel, KernelPlan, TensorInfo
-from ..signature import BindError, Signature, bucket_of
+from ..signature import BindError, Signature, binding_text, bucket_of
 
 # concrete shapes kept lowered at once (each holds its own arena), the least recently run
 # dropped first: at most this many, and arenas of at most MAX_ARENA_BYTES together (a decode
@@ -184,16 +184,18 @@ class ShapeGeneric:
         try:
             return self.signature.derive(binding)
         except (RuntimeError, ValueError, IndexError) as why:
-            shown = ", ".join(f"{k}={v}" for k, v in binding.items())
             reason = str(why).strip().splitlines()[0] if str(why).strip() else repr(why)
-            raise FeedError(f"the model cannot run at {shown}: what it computes from these "
-                            f"sizes alone fails ({reason[:300]})") from None
+            raise FeedError(f"the model cannot run at {binding_text(binding)}: what it computes "
+                            f"from these sizes alone fails ({reason[:300]})") from None
 
-    def add_bucket(self, binding: dict[str, int], plan: KernelPlan, cost_us: float) -> None:
+    def add_bucket(self, binding: dict[str, int], plan: KernelPlan,
+                   cost_us: float) -> ShapeGeneric:
         """Another shape bucket: `plan`, extracted for `binding`, serves the shapes nearest it
-        (`signature.bucket_of`); this object's own plan serves the representative binding's."""
-        self.buckets.append((binding, ShapeGeneric(plan, self.signature, self.lower_options),
-                             cost_us))
+        (`signature.bucket_of`); this object's own plan serves the representative binding's.
+        Returns the bucket's program family."""
+        family = ShapeGeneric(plan, self.signature, self.lower_options)
+        self.buckets.append((binding, family, cost_us))
+        return family
 
     def serving(self, binding: dict[str, int]) -> ShapeGeneric:
         """The bucket's program family that runs `binding` (this one without buckets)."""
@@ -211,12 +213,18 @@ class ShapeGeneric:
         for _, bucket, _ in self.buckets:
             bucket.wait()
 
+    def program_at(self, feeds: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The lowered program that runs `feeds` (its bucket's, for their shape) and the feeds
+        it takes: `feeds` with the derived inputs of that shape added."""
+        binding = self.bind(feeds)
+        program, derived = self.serving(binding).program_for(binding)
+        return program, {**feeds, **derived}
+
     def run(self, feeds: dict[str, Any], out: dict[str, np.ndarray] | None = None
             ) -> dict[str, np.ndarray]:
         unknown = set(feeds) - set(self.signature.inputs)
         if unknown:
             raise FeedError(f"unknown input{'s' if len(unknown) > 1 else ''} {sorted(unknown)} "
                             f"(inputs: {list(self.signature.inputs)})")
-        binding = self.bind(feeds)
-        program, derived = self.serving(binding).program_for(binding)
-        return program.run({**feeds, **derived}, out=out)
+        program, fed = self.program_at(feeds)
+        return program.run(fed, out=out)

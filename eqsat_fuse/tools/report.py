@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..signature import binding_text
+
 
 @dataclass
 class KernelReport:
@@ -133,7 +135,7 @@ class Report:
         ]
         if self.symbolic:
             inputs = ", ".join(f"{n} [{', '.join(s)}]" for n, s in self.symbolic["inputs"].items())
-            priced = ", ".join(f"{k}={v}" for k, v in self.symbolic["representative"].items())
+            priced = binding_text(self.symbolic["representative"])
             lines.append(f"shapes        symbolic: {inputs}; one program for every value, "
                          f"priced (and the figures above given) at {priced} (--dim sets it)")
         b = self.backend_report
