@@ -79,19 +79,7 @@ def _fold_shape_computations(proto: onnx.ModelProto, name: str, held: dict[str, 
             elif node.input and all(i == "" or i in known or i in new_values for i in node.input):
                 values = {**known, **new_values}
                 inputs = [values[i] if i else None for i in node.input]
-                _refuse_huge_fold(node, inputs, infos, name)
-                try:
-                    outputs = run_node(node, inputs, proto.opset_import)
-                except (Exception, MemoryError) as exc:
-                    raise ModelError(f"{name}: node {node.name or node.op_type!r} "
-                                     f"({node.op_type}) has constant inputs but could not be "
-                                     f"evaluated: {type(exc).__name__}: {exc}") from None
-                for output, value in zip(node.output, outputs):
-                    if output and value is not None and np.asarray(value).nbytes > MAX_FOLDED_BYTES:
-                        raise ModelError(f"{name}: node {node.name or node.op_type!r} "
-                                         f"({node.op_type}) folds to {np.asarray(value).nbytes} "
-                                         f"bytes, more than the {MAX_FOLDED_BYTES >> 30} GiB a "
-                                         f"value computed at import may take; refused")
+                outputs = fold_node(node, inputs, infos, name, proto.opset_import)
                 new_values.update((o, v) for o, v in zip(node.output, outputs) if o)
             else:
                 continue
@@ -111,6 +99,26 @@ def _fold_shape_computations(proto: onnx.ModelProto, name: str, held: dict[str, 
         # value_info from the last inference may be stale for the folded values: drop it all
         del graph.value_info[:]
     return _timed_infer(proto, name, seconds)
+
+
+def fold_node(node: onnx.NodeProto, inputs: list, infos: dict[str, TensorInfo], name: str,
+              opsets) -> list:
+    """The outputs of a node whose inputs are all known (`inputs`), evaluated once, or a
+    `ModelError` naming it: when it would fold to more than `MAX_FOLDED_BYTES` (refused before
+    it runs where `infos` or its inputs tell the size, else after), or when it fails."""
+    _refuse_huge_fold(node, inputs, infos, name)
+    label = f"{name}: node {node.name or node.op_type!r} ({node.op_type})"
+    try:
+        outputs = run_node(node, inputs, opsets)
+    except (Exception, MemoryError) as exc:
+        raise ModelError(f"{label} has constant inputs but could not be evaluated: "
+                         f"{type(exc).__name__}: {exc}") from None
+    for output, value in zip(node.output, outputs):
+        if output and value is not None and np.asarray(value).nbytes > MAX_FOLDED_BYTES:
+            raise ModelError(f"{label} folds to {np.asarray(value).nbytes} bytes, more than the "
+                             f"{MAX_FOLDED_BYTES >> 30} GiB a value computed at import may "
+                             f"take; refused")
+    return outputs
 
 
 def _timed_infer(proto: onnx.ModelProto, name: str, seconds: dict[str, float]

@@ -31,12 +31,11 @@ import onnx
 from onnx import numpy_helper
 
 from ..backends.numpy.pooling import _pool_out_size
-from ..backends.reference import run_node
 from ..dims import (Dim, SymbolicError, bare_symbol, dim, dmax, dmin, floordiv, is_symbolic,
                     known_le, symbol)
 from ..errors import ModelError
 from ..ir import TensorInfo
-from .folding import MAX_FOLDED_BYTES, _constant_node_value, _refuse_huge_fold
+from .folding import _constant_node_value, fold_node
 from .protos import _attrs, _np_dtype, is_held
 
 # an integer tensor of at most this many elements is evaluated as dims
@@ -237,22 +236,10 @@ class _Walk:
     def fold(self, node: onnx.NodeProto) -> None:
         """A node over constants only, evaluated once (as static import folds it)."""
         values = [self.out.constants[i] if i else None for i in node.input]
-        label = f"{self.name}: node {node.name or node.op_type!r} ({node.op_type})"
-        _refuse_huge_fold(node, values, {}, self.name)     # before allocating, where it can
-        try:
-            outputs = run_node(node, values, self.opsets)
-        except (Exception, MemoryError) as exc:
-            raise ModelError(f"{label} has constant inputs but could not be evaluated: "
-                             f"{type(exc).__name__}: {exc}") from None
+        outputs = fold_node(node, values, {}, self.name, self.opsets)
         for out, value in zip(node.output, outputs):
-            if not out:
-                continue
-            value = np.asarray(value)
-            if value.nbytes > MAX_FOLDED_BYTES:
-                raise ModelError(f"{label} folds to {value.nbytes} bytes, more than the "
-                                 f"{MAX_FOLDED_BYTES >> 30} GiB a value computed at import may "
-                                 f"take; refused")
-            self.set_constant(out, value)
+            if out:
+                self.set_constant(out, np.asarray(value))
 
     def small(self, node) -> bool:
         for i in node.input:
