@@ -24,6 +24,7 @@ class DimWriter:
         self.exporter = exporter
         self.signature = signature
         self.values: dict[Dim, str] = {}
+        self.factors: dict = {}                          # a symbol, or (op, a, b) -> its value
         self.where: dict[str, tuple[str, int]] = {}      # symbol -> (input, axis)
         for name, shape in signature.inputs.items():
             for axis, d in enumerate(shape):
@@ -58,6 +59,11 @@ class DimWriter:
         return total
 
     def _factor(self, factor) -> str:
+        if factor not in self.factors:      # each symbol read, each opaque factor made once
+            self.factors[factor] = self._new_factor(factor)
+        return self.factors[factor]
+
+    def _new_factor(self, factor) -> str:
         if isinstance(factor, str):
             if factor not in self.where:
                 raise ExportError(f"the symbol {factor!r} is no input's dim: the exported model "
