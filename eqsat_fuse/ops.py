@@ -31,6 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .backends.numpy import ops as npo
+from .backends.numpy import quantize as npq
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,13 @@ class OpSpec:
     # the importer and the exporter take it one to one
     onnx_plain: bool = False
     defaults: tuple[tuple[str, Any], ...] = ()   # ONNX default of each attribute (onnx_plain)
+    # elementwise only: the input slot whose dtype the result has (a Cast's is its `to`)
+    dtype_of: str = ""
+
+    @property
+    def dtype_slot(self) -> int:
+        """The position of the input whose dtype the result has (the first by default)."""
+        return self.inputs.index(self.dtype_of) if self.dtype_of else 0
 
     @property
     def rule_stem(self) -> str:
@@ -81,7 +89,7 @@ class OpSpec:
 
 def _spec(name, inputs, attrs=(), kind="elementwise", optional=(), fused=None, short="", *,
           ref=None, scalar=None, scalar_f32=None, integers=False, domain="any", plain=None,
-          defaults=None):
+          defaults=None, dtype_of=""):
     """`fused`: the elementwise op's fused input slots (default: all of them); `plain`: whether
     ONNX writes it one to one (default: an elementwise op without attributes, or one whose
     attribute `defaults` are given)."""
@@ -91,7 +99,7 @@ def _spec(name, inputs, attrs=(), kind="elementwise", optional=(), fused=None, s
         plain = kind == "elementwise" and (not attrs or defaults is not None)
     return OpSpec(name, tuple(inputs), tuple(attrs), kind, tuple(optional), tuple(fused), short,
                   ref, scalar, scalar_f32, integers, domain, plain,
-                  tuple((defaults or {}).items()))
+                  tuple((defaults or {}).items()), dtype_of)
 
 
 _SPECS = [
@@ -132,8 +140,14 @@ _SPECS = [
     _spec("Neg", ["x"], ref=npo.neg, scalar="(-{0})", integers=True),
     _spec("Abs", ["x"], ref=npo.abs_, scalar="abs({0})"),
     _spec("Reciprocal", ["x"], ref=npo.reciprocal, scalar="({lit[1]} / {0})", domain="nonzero"),
-    _spec("Where", ["cond", "x", "y"], ref=npo.where),
+    _spec("Where", ["cond", "x", "y"], ref=npo.where, dtype_of="x"),
     _spec("Cast", ["x"], ["to"], ref=npo.cast),
+    # quantization, per tensor or per axis (the importer makes a per-axis scale and zero point
+    # a broadcast against x); the result has the zero point's integer dtype, or the scale's float
+    _spec("QuantizeLinear", ["x", "scale", "zero_point"], fused=["x"], short="quantize",
+          ref=npq.quantize_linear, plain=False, dtype_of="zero_point"),
+    _spec("DequantizeLinear", ["x", "scale", "zero_point"], fused=["x"], short="dequantize",
+          ref=npq.dequantize_linear, plain=False, dtype_of="scale"),
     _spec("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["epsilon"], fused=["x"],
           short="batchnorm", ref=npo.batch_normalization,
           scalar="({0} * (({lit[1]} / np.sqrt({4} + {epsilon})) * {1})"

@@ -59,6 +59,15 @@ WRONG_RULES = {
                                    "Neg of an operand not known dynamic"),
     "fusable_reshape.egg": ("wrong-fusable-reshape", "Reshape is a view, not a fused producer"),
     "boundary_relu.egg": ("wrong-boundary-relu", "a Relu is not materialized"),
+    # quantization (issue 18): integers sampled, compared bit for bit
+    "quantize_dequantize_any_scale.egg": ("wrong-quantize-dequantize-any-scale",
+                                          "Q(DQ(q)) = q without a normal scale: s = 0, inf, NaN"),
+    "dequantize_quantize.egg": ("wrong-dequantize-quantize",
+                                "DQ(Q(x)) = x: the rounding and saturation dropped"),
+    "quantize_dequantize_other_scale.egg": ("wrong-quantize-dequantize-other-scale",
+                                            "requantized by another scale"),
+    "quantize_before_reshape_per_axis.egg": ("wrong-quantize-before-reshape-per-axis",
+                                             "a per-axis scale moved through a Reshape"),
 }
 
 # Of those, the structural facts (no tensor to show): what their reason must name instead of a

@@ -376,6 +376,42 @@ case("scale-before-reshape",
             ("Mul", ["r", "c"], ["y"], {})], {"x": [6, 4]}, {"y": [2, 3, 5]},
            {"w": rand(4, 5), "s": np.array([2, 3, 5], np.int64), "c": np.array(0.5, F)}),
      kernel_with("MatMul", "Mul"))
+# ---- quantization (QDQ graphs, as onnxruntime's quantizer writes them) ----
+U8 = TensorProto.UINT8
+
+
+def qdq_params(scale=0.05, zero=128):
+    return {"s": np.array(scale, F), "z": np.array(zero, np.uint8)}
+
+
+case("fuse-quantize",
+     graph([("Neg", ["x"], ["p"], {}), ("QuantizeLinear", ["p", "s", "z"], ["y"], {})],
+           {"x": [4, 5]}, {"y": ([4, 5], U8)}, qdq_params()), kernel_with("Neg", "QuantizeLinear"))
+case("fuse-dequantize",
+     graph([("Neg", ["x"], ["p"], {}), ("QuantizeLinear", ["p", "s", "z"], ["q"], {}),
+            ("DequantizeLinear", ["q", "s", "z"], ["y"], {})],
+           {"x": [4, 5]}, {"y": [4, 5]}, qdq_params()),
+     kernel_with("Neg", "QuantizeLinear", "DequantizeLinear"))
+case("quantize-dequantize",     # the pair a quantizer writes around a value: the second Q goes
+     graph([("Neg", ["x"], ["p"], {}), ("QuantizeLinear", ["p", "s", "z"], ["q"], {}),
+            ("DequantizeLinear", ["q", "s", "z"], ["d"], {}),
+            ("QuantizeLinear", ["d", "s", "z"], ["y"], {})],
+           {"x": [4, 5]}, {"y": ([4, 5], U8)}, qdq_params()), no_op("DequantizeLinear"))
+for view, node, attrs, shape in [
+        ("reshape", "Reshape", {}, [2, 3, 5]), ("transpose", "Transpose", {"perm": [1, 0]}, [5, 6])]:
+    inits = {**qdq_params(), **({"shape": np.array(shape, np.int64)} if node == "Reshape" else {})}
+    extra = ["shape"] if node == "Reshape" else []
+    case(f"quantize-before-{view}",
+         graph([("MatMul", ["x", "w"], ["m"], {}), (node, ["m", *extra], ["r"], attrs),
+                ("QuantizeLinear", ["r", "s", "z"], ["y"], {})],
+               {"x": [6, 4]}, {"y": (shape, U8)}, {**inits, "w": rand(4, 5)}),
+         kernel_with("MatMul", "QuantizeLinear"))
+    case(f"dequantize-before-{view}",
+         graph([("Neg", ["x"], ["p"], {}), ("QuantizeLinear", ["p", "s", "z"], ["q"], {}),
+                (node, ["q", *extra], ["r"], attrs),
+                ("DequantizeLinear", ["r", "s", "z"], ["y"], {})],
+               {"x": [6, 5]}, {"y": shape}, inits),
+         kernel_with("Neg", "QuantizeLinear", "DequantizeLinear"))
 case("sibling-conv",
      graph([("Conv", ["x", "w0", "b0"], ["y0"], {"pads": [1] * 4}),
             ("Conv", ["x", "w1", "b1"], ["y1"], {"pads": [1] * 4})],

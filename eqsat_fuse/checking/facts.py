@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from ..ops import OPS, evaluate
-from .generators import _UNARY_ATTRS
+from .generators import _UNARY_ATTRS, INTEGER_SLOTS
 from .patterns import Call, Check, Lit, Pattern, Rule, Var
 from .report import Counterexample, RuleResult, _compare
 
@@ -269,6 +269,8 @@ def _draw(rng, op: str, i: int, slot: str, shape) -> np.ndarray:
     domain = OPS[op].domain
     if slot == "cond":
         return rng.random(shape) < 0.5
+    if slot in INTEGER_SLOTS.get(op, ()):
+        return rng.integers(0, 256, shape).astype(np.uint8)
     if (op == "Div" and i == 1) or domain == "nonzero":
         return (rng.uniform(0.5, 2.0, shape) * rng.choice((-1, 1), shape)).astype(np.float32)
     if (op == "Pow" and i == 0) or domain == "positive" or slot == "var":

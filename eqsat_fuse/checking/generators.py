@@ -50,6 +50,10 @@ _UNARY_ATTRS: dict[str, list[Callable[[_Sample], Any]]] = {
 }
 
 
+# the input slots of the quantization ops that hold integers (of one dtype per op)
+INTEGER_SLOTS = {"QuantizeLinear": ("zero_point",), "DequantizeLinear": ("x", "zero_point")}
+
+
 def _gen_unary(s, p, want, role, ranks):
     op = p.op
     domain = OPS[op].domain
@@ -102,6 +106,9 @@ def _gen_broadcast(s, p, want, role, ranks):
     roles = {"Add": ("any", "any"), "Mul": ("any", "any"), "Sub": ("any", "any"),
              "Div": ("any", "nonzero"), "Pow": ("positive", "exponent"),
              "Where": ("bool", "any", "any")}.get(op)
+    if op in INTEGER_SLOTS:
+        integer = ("int", s.pick(("uint8", "int8", "int16", "uint16")))   # the integer side
+        roles = tuple(integer if slot in INTEGER_SLOTS[op] else "any" for slot in OPS[op].inputs)
     if roles is None:                    # another op of the table: its domain for every operand
         roles = (OPS[op].domain,) * len(args)
     if op == "Pow" and isinstance(args[1], Var):

@@ -151,11 +151,14 @@ def _with_edges(rng, v: np.ndarray, huge: bool = True) -> np.ndarray:
 
 def _value_relation_array(rng, shape, relation: str, dtype) -> np.ndarray:
     """Values for which the encoder states the value relation (plus-zero, fraction,
-    exact-reciprocal: `primitives.VALUE_RELATIONS`)."""
+    quant-scale, exact-reciprocal: `primitives.VALUE_RELATIONS`)."""
     dtype = np.dtype(dtype)
     sign = rng.choice((-1.0, 1.0), shape)
     if relation == "plus-zero":
         return np.zeros(shape, dtype=dtype)
+    if relation == "quant-scale":
+        magnitude = np.ldexp(1.0, rng.integers(-60, 61, shape)) * rng.uniform(1.0, 2.0, shape)
+        return np.asarray(sign * np.clip(magnitude, 2.0 ** -60, 2.0 ** 60), dtype=dtype)
     if relation == "fraction":
         magnitude = 10.0 ** rng.uniform(-6.0, 0.0, shape)
         ends = rng.random(shape)
@@ -227,6 +230,9 @@ class _Sample:
             return np.asarray(rng.random(shape) < 0.5)
         if isinstance(role, tuple) and role[0] == "index":
             return rng.integers(0, max(int(role[1]), 1), shape).astype(np.int64)
+        if isinstance(role, tuple) and role[0] == "int":      # a quantized tensor's integers
+            info = np.iinfo(role[1])
+            return rng.integers(info.min, int(info.max) + 1, shape).astype(role[1])
         if role in VALUE_RELATIONS:
             return _value_relation_array(rng, shape, role, self.dtype)
         if self.exact:

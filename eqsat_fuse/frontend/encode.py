@@ -101,7 +101,10 @@ def _value_facts(var: str, value) -> list[str]:
       x / c and x * (1/c) round the same real number;
     - `fraction`: finite, 1e-6 <= |v| <= 1 (float32 and float64 only: a product of two of them
       is a normal number there, and neither x * a nor x * (a * b) can overflow);
-    - `plus-zero`: +0.0, not -0.0.
+    - `plus-zero`: +0.0, not -0.0;
+    - `quant-scale`: finite, 2^-60 <= |v| <= 2^60 (float32 and float64): a quantization scale
+      whose products with the integers of 16-bit types stay normal numbers, so that
+      (q - z) * s / s rounds back to q - z.
     """
     lines = []
     splat = _splat_value(value)
@@ -115,6 +118,8 @@ def _value_facts(var: str, value) -> list[str]:
         lines.append(f"(fraction {var})")
     if _every(value, _plus_zeros):
         lines.append(f"(plus-zero {var})")
+    if value.dtype in (np.float32, np.float64) and _every(value, _quant_scales):
+        lines.append(f"(quant-scale {var})")
     return lines
 
 
@@ -128,6 +133,11 @@ def _every(value: np.ndarray, test) -> bool:
 def _exact_reciprocals(v: np.ndarray) -> np.ndarray:
     reciprocal = np.reciprocal(v)
     return (np.abs(np.frexp(v)[0]) == 0.5) & np.isfinite(reciprocal) & (reciprocal * v == 1)
+
+
+def _quant_scales(v: np.ndarray) -> np.ndarray:
+    magnitude = np.abs(v)
+    return (magnitude >= 2.0 ** -60) & (magnitude <= 2.0 ** 60)
 
 
 def _fractions(v: np.ndarray) -> np.ndarray:

@@ -251,7 +251,7 @@ def _symbolic_graph(proto: onnx.ModelProto, held: dict[str, np.ndarray], name: s
         values={v: infos[v] for v in used | set(real_inputs) | {o for n in nodes
                                                                  for o in n.outputs}
                 if v in infos},
-        initializers={k: v for k, v in found.constants.items() if k in used},
+        initializers={k: v for k, v in {**found.constants, **ctx.added}.items() if k in used},
         inputs=real_inputs + derived, outputs=outputs, opset=opset, source_opset=source_opset,
         opaque_ops=sorted({n.onnx_node.op_type for n in nodes if n.op == "Opaque"}),
         onnx_nodes=onnx_nodes, signature=signature)

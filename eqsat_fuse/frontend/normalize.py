@@ -28,6 +28,7 @@ class _Context:
         self.constants = constants
         self.model = model
         self.taken = set(infos) | set(taken or ())
+        self.added: dict[str, np.ndarray] = {}     # constants the normalizers made
 
     def fresh(self, base: str, info: TensorInfo) -> str:
         """A value name no tensor of the model uses (the model's names are arbitrary strings)."""
@@ -37,6 +38,12 @@ class _Context:
             name = f"{base}'{n}"
         self.taken.add(name)
         self.infos[name] = info
+        return name
+
+    def new_constant(self, base: str, value: np.ndarray) -> str:
+        """A constant of the normalized graph that the model does not hold (a reshaped scale)."""
+        name = self.fresh(base, TensorInfo(tuple(value.shape), value.dtype.name))
+        self.constants[name] = self.added[name] = value
         return name
 
     def info(self, value: str) -> TensorInfo:
@@ -246,6 +253,46 @@ def _norm_cast(node, ctx: _Context):
     return "Cast", [node.input[0]], dict(to=_np_dtype(to))
 
 
+# the integer dtypes of the covered quantization ops (int4 and the float8 types stay Opaque)
+_QUANT_INTS = ("int8", "uint8", "int16", "uint16")
+
+
+def _norm_quantization(node, ctx: _Context):
+    """QuantizeLinear and DequantizeLinear, per tensor or per axis: the zero point always given
+    (zeros of the integer dtype when omitted), and a per-axis scale and zero point reshaped to
+    broadcast against x along `axis` ([C] -> [C, 1, 1] for axis 1 of a rank-4 x)."""
+    a = _attrs(node)
+    if int(a.get("block_size", 0)):
+        raise _Unsupported("blocked quantization")
+    quantize = node.op_type == "QuantizeLinear"
+    x, scale = ctx.info(node.input[0]), ctx.info(node.input[1])
+    integer = ctx.info(node.output[0]).dtype if quantize else x.dtype
+    if integer not in _QUANT_INTS + (() if quantize else ("int32",)):
+        raise _Unsupported(f"quantization to {integer}")
+    if scale.dtype not in ("float32", "float16", "float64") or \
+            (not quantize and ctx.info(node.output[0]).dtype != scale.dtype):
+        raise _Unsupported("a scale of another dtype than the float side")
+    zero = _opt(node, 2)
+    if zero is not None and ctx.info(zero).dtype != integer:
+        raise _Unsupported("a zero point of another dtype")
+    inputs = [node.input[0], node.input[1], zero]
+    rank = len(x.shape)
+    if len(scale.shape) == 1 and rank > 0:
+        axis = _axis(int(a.get("axis", 1)), rank)
+        trailing = (1,) * (rank - axis - 1)
+        for slot in (1, 2):
+            if slot == 2 and zero is None:
+                continue
+            value = ctx.constant(node, slot, "per-axis scale or zero point")
+            inputs[slot] = ctx.new_constant(f"{node.input[slot]}::axis{axis}",
+                                            np.asarray(value).reshape(value.shape + trailing))
+    if zero is None:
+        shape = ctx.info(inputs[1]).shape
+        inputs[2] = ctx.new_constant(f"{node.output[0]}::zero_point",
+                                     np.zeros(shape, dtype=integer))
+    return node.op_type, inputs, {}
+
+
 def _norm_transpose(node, ctx: _Context):
     rank = ctx.rank(node.input[0])
     perm = _attrs(node).get("perm", list(range(rank))[::-1])
@@ -375,6 +422,7 @@ _NORMALIZERS: dict[str, Callable] = {
     "Flatten": _norm_flatten, "Squeeze": _norm_squeeze, "Unsqueeze": _norm_unsqueeze,
     "Concat": _norm_concat, "Split": _norm_split, "Slice": _norm_slice, "Gather": _norm_gather,
     "Pad": _norm_pad, "LRN": _norm_lrn,
+    "QuantizeLinear": _norm_quantization, "DequantizeLinear": _norm_quantization,
 }
 
 

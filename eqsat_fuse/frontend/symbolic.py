@@ -52,7 +52,8 @@ _SAME_SHAPE = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh
                "Trilu", "CumSum", "Elu", "Selu", "Softplus", "Softsign", "Floor", "Ceil", "Round",
                "Sign", "Sin", "Cos", "Not", "IsNaN", "IsInf", "Mish", "InstanceNormalization",
                "LRN", "Dropout", "CastLike", "PRelu", "ThresholdedRelu", "Celu",
-               "SimplifiedLayerNormalization", "RMSNormalization"}
+               "SimplifiedLayerNormalization", "RMSNormalization", "QuantizeLinear",
+               "DequantizeLinear"}
 _BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where",
               "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor",
               "BitShift", "PRelu"}
@@ -315,8 +316,11 @@ class _Walk:
             dtype = "int64"
         elif op == "Where":
             dtype = ins[1].dtype
-        elif op == "CastLike":
+        elif op == "CastLike" or op == "DequantizeLinear":
             dtype = ins[1].dtype
+        elif op == "QuantizeLinear":
+            dtype = (ins[2].dtype if len(ins) > 2 and ins[2] is not None
+                     else _np_dtype(int(a.get("output_dtype", 0)) or onnx.TensorProto.UINT8))
         elif op == "ConstantOfShape":
             value = a.get("value")
             dtype = numpy_helper.to_array(value).dtype.name if value is not None else "float32"

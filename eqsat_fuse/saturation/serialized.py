@@ -269,10 +269,8 @@ def _node_facts(eg: SerializedEGraph, node: ENode, ops) -> tuple:
         return (len(node.attrs[0]),), "int64"
     if op == "Mat" or (op in ops and ops[op].kind == "elementwise"):
         shapes = [eg.shapes.get(ch) for ch in children]
-        if op == "Where":
-            dtype_from = children[1] if len(children) > 1 else None
-        else:
-            dtype_from = children[0] if children else None
+        slot = ops[op].dtype_slot if op in ops else 0
+        dtype_from = node.children[slot] if len(node.children) > slot else None
         dtype = node.attrs[0] if op == "Cast" else eg.dtypes.get(dtype_from)
         if op == "BatchNormalization" or op == "Clip":
             shapes = shapes[:1]

@@ -206,6 +206,10 @@ class Calibration:
             "Clip": ([x, np.float32(0), np.float32(6)], {}, (1, 2)),
             "Where": ([x > 0, x, pos], {}, ()), "Cast": ([x], {"to": "float16"}, ()),
             "BatchNormalization": ([x.reshape(1, 1, n), *bn], {"epsilon": 1e-5}, (1, 2, 3, 4)),
+            # per-tensor uint8 quantization and back, the scale and zero point constants
+            "QuantizeLinear": ([x, np.float32(0.02), np.uint8(128)], {}, (1, 2)),
+            "DequantizeLinear": ([(x * 40 + 128).clip(0, 255).astype(np.uint8), np.float32(0.02),
+                                  np.uint8(128)], {}, (1, 2)),
         }
         # every other elementwise op of the operator table but those about as cheap as an Add:
         # its inputs inside its domain, its attributes at their ONNX defaults

@@ -501,6 +501,8 @@ class _Exporter:
             # the importer keeps a float8 Cast in the term language only when it does not
             # saturate (a saturating one stays Opaque): say so, ONNX's default saturates
             emit(op, args, to=to, saturate=0 if to in _FLOAT8 and self.opset >= 19 else None)
+        elif op in ("QuantizeLinear", "DequantizeLinear"):
+            self._quantization(scope, op, args, arg_dtypes, out, label)
         elif op == "BatchNormalization":
             emit(op, args, epsilon=float(a["epsilon"]))
         elif op == "Conv":
@@ -705,6 +707,41 @@ class _Exporter:
         half_x = node("Mul", [x, value(0.5, "half")], tmp("halfx"))
         node("Mul", [half_x, one_plus], out)
 
+    def _quantization(self, scope: _Scope, op: str, args: list[str], arg_dtypes: list,
+                      out: str, label: str) -> None:
+        """QuantizeLinear and DequantizeLinear as the arithmetic they are: the term language's
+        scale and zero point broadcast against x (a per-axis one as `[C, 1, 1]`), which ONNX's
+        own ops do not allow, so the export spells them out with the same rounding, saturation
+        and NaN result (backends/numpy/quantize.py)."""
+        x, scale, zero = args
+        h = _hint(out, scope)
+        tmp = lambda tag: scope.fresh(f"{h}{tag}")
+        node = lambda onnx_op, inputs, output, **attrs: (scope.node(
+            onnx_op, inputs, [output], name=f"{label}:{onnx_op}_{output}"
+            if not scope.function else None, **attrs), output)[1]
+        if op == "DequantizeLinear":
+            wide = lambda v, tag: node("Cast", [v], tmp(tag), to=onnx.TensorProto.INT64)
+            diff = node("Sub", [wide(x, "xi"), wide(zero, "zi")], tmp("diff"))
+            as_float = node("Cast", [diff], tmp("diff_f"), to=_elem_type(arg_dtypes[1]))
+            node("Mul", [as_float, scale], out)
+            return
+        work = arg_dtypes[0] or "float32"
+        info = np.iinfo(np.dtype(arg_dtypes[2]))
+        lo, hi = (scope.scalar(v, work, f"{h}{tag}") for v, tag in ((info.min, "lo"),
+                                                                     (info.max, "hi")))
+        rounded = node("Round", [node("Div", [x, scale], tmp("q"))], tmp("rounded"))
+        zero_f = node("Cast", [zero], tmp("zero_f"), to=_elem_type(work))
+        v = node("Add", [rounded, zero_f], tmp("shifted"))
+        inside = node("GreaterOrEqual", [v, lo], tmp("inside"))
+        clipped = node("Where", [inside, node("Min", [v, hi], tmp("capped")), lo], tmp("sat"))
+        node("Cast", [clipped], out, to=_elem_type(arg_dtypes[2]))
+
+
+# the term-language ops the export writes as several ONNX ops, and those ops in order
+SPELLED_OUT = {
+    "DequantizeLinear": ["Cast", "Cast", "Sub", "Cast", "Mul"],
+    "QuantizeLinear": ["Div", "Round", "Cast", "Add", "GreaterOrEqual", "Min", "Where", "Cast"],
+}
 
 _FLOAT8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
            onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ}
@@ -728,8 +765,9 @@ def _result_dtype(node: BodyNode, arg_dtypes: list[str | None]) -> str | None:
         return str(node.attrs["dtype"])
     if node.op == "Ints":
         return "int64"
-    if node.op == "Where":
-        return arg_dtypes[1]
     if node.op == "Opaque":
         return None
+    spec = OPS.get(node.op)
+    if spec is not None and spec.dtype_of and arg_dtypes[spec.dtype_slot] is not None:
+        return arg_dtypes[spec.dtype_slot]        # Where's x, a quantization op's other side
     return next((d for d in arg_dtypes if d is not None), None)

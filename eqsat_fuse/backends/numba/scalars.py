@@ -51,12 +51,12 @@ def node_dtypes(body: list[BodyNode], operand_dtype: Callable[[Operand], str]) -
         return out[a.ref] if a.kind == "node" else operand_dtype(a)
 
     for node in body:
+        spec = OPS.get(node.op)
+        slot = spec.dtype_slot if spec is not None else 0
         if node.op == "Cast":
             out.append(str(np.dtype(node.attrs["to"])))
-        elif node.op == "Where":
-            out.append(arg(node.args[1]))
-        elif node.args and node.args[0].kind != "absent":
-            out.append(arg(node.args[0]))
+        elif len(node.args) > slot and node.args[slot].kind != "absent":
+            out.append(arg(node.args[slot]))
         else:
             out.append("float32")
     return out
@@ -91,6 +91,12 @@ def scalar_expr(node: BodyNode, args: list[str], dtypes: list[str], out_dtype: s
         if not is_float:
             raise Unsupported("integer Div")
         return f"({a} / {args[1]})"
+    if op == "QuantizeLinear":
+        return _quantize_expr(args, dtypes, out_dtype)
+    if op == "DequantizeLinear":
+        if not is_float:
+            raise Unsupported(f"DequantizeLinear to {out_dtype}")
+        return f"({T}(np.int64({a}) - np.int64({args[2]})) * {args[1]})"
     if not is_float and op not in ("Where", "Cast", "Clip"):
         raise Unsupported(f"{op} on {out_dtype}")
     if op == "Clip":
@@ -149,6 +155,21 @@ def _cast_expr(node: BodyNode, a: str, dtypes: list[str]) -> str:
         # float16 values are computed in float32: round to float16 here (ties to even)
         return f"f16_to_f32(f32_to_f16(np.float32({a})))"
     return f"{NP_TYPES[to]}({a})" if to in NP_TYPES else _unsupported(to)
+
+
+def _quantize_expr(args: list[str], dtypes: list[str], out_dtype: str) -> str:
+    """QuantizeLinear of x = args[0] by scale args[1] and zero point args[2]: x / scale in the
+    float dtype, rounded half to even, the zero point added, saturated to `out_dtype`; NaN gives
+    the lowest value (as the NumPy reference, `backends/numpy/quantize.py`)."""
+    work = compute_dtype(dtypes[0])
+    if work not in ("float32", "float64") or out_dtype not in NP_TYPES or \
+            np.dtype(out_dtype).kind not in "iu":
+        raise Unsupported(f"QuantizeLinear of {dtypes[0]} to {out_dtype}")
+    F, T = NP_TYPES[work], NP_TYPES[out_dtype]
+    info = np.iinfo(out_dtype)
+    lo, hi = _float_text(info.min, F), _float_text(info.max, F)
+    v = f"(np.rint({args[0]} / {F}({args[1]})) + {F}({args[2]}))"
+    return f"({T}({lo}) if not ({v} >= {lo}) else {T}({v}) if {v} <= {hi} else {T}({hi}))"
 
 
 def _pow_expr(a: str, args: list[str], y, lit: Callable[[float], str], y_dtype: str,
