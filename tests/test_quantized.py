@@ -1,0 +1,125 @@
+"""Quantized models end to end (issue 18): the project's float test models quantized by
+onnxruntime's own tool (`tests/models/quantize_models.py`), compiled on both backends.
+
+A QDQ model's QuantizeLinear and DequantizeLinear are covered operators: they fuse into the
+kernels around them instead of running through `onnx.reference`, so the quantized model has
+about as many kernels as its float model. Its outputs are compared with onnxruntime's
+unoptimized run of the same file (ORT_DISABLE_ALL, the QDQ semantics op by op): a float
+contraction between a DequantizeLinear and a QuantizeLinear leaves its summation order open, so
+two correct runtimes may round a quantized tensor one step apart, and the difference is bounded
+in steps of the output's own quantization scale.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+import eqsat_fuse as ef
+from eqsat_fuse.lowering.lower import BACKENDS
+
+MODELS = Path(__file__).resolve().parent / "models"
+sys.path.insert(0, str(MODELS))
+from quantize_models import MODELS as QUANTIZED, sample_inputs  # noqa: E402
+
+QDQ = sorted(n for n, (_, form) in QUANTIZED.items() if form == "qdq")
+DYNAMIC = sorted(n for n, (_, form) in QUANTIZED.items() if form == "dynq")
+# a flipped rounding at one QuantizeLinear moves the output by a few of its steps at most
+STEPS = 4
+
+
+def _compute_kernels(compiled) -> int:
+    return sum(k["kind"] != "alias" for k in compiled.report.as_dict()["kernels"])
+
+
+def _output_steps(model: onnx.ModelProto) -> dict[str, float]:
+    """Each output's quantization step: the scale of the DequantizeLinear that writes it."""
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    steps = {}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.output[0] in \
+                {o.name for o in model.graph.output}:
+            steps[node.output[0]] = float(np.max(inits[node.input[1]]))
+    return steps
+
+
+def _unoptimized(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", QDQ)
+def test_qdq_model_fuses_its_quantization_and_matches_onnxruntime(name, backend):
+    path = MODELS / f"{name}.onnx"
+    float_path = MODELS / f"{QUANTIZED[name][0]}.onnx"
+    compiled = ef.compile(path, backend=backend)
+    assert not {"QuantizeLinear", "DequantizeLinear"} & set(compiled.report.opaque_ops)
+    float_kernels = _compute_kernels(ef.compile(float_path, backend="numpy"))
+    assert _compute_kernels(compiled) <= float_kernels + 3, compiled.report.summary()
+    model = onnx.load(str(path))
+    steps = _output_steps(model)
+    session = _unoptimized(path)
+    names = [o.name for o in session.get_outputs()]
+    for feed in sample_inputs(float_path, 4, seed=5):
+        want = dict(zip(names, session.run(None, feed)))
+        got = compiled.run(feed)
+        for out in names:
+            diff = float(np.max(np.abs(np.asarray(got[out]) - want[out])))
+            assert diff <= STEPS * steps.get(out, 0.0) + 1e-6, (out, diff)
+        if "logits" in want:
+            assert np.argmax(got["logits"]) == np.argmax(want["logits"])
+
+
+@pytest.mark.parametrize("name", DYNAMIC)
+def test_dynamically_quantized_model_compiles_and_matches_onnxruntime(name):
+    """Dynamic quantization (DynamicQuantizeLinear, MatMulInteger, ConvInteger) runs today with
+    those ops through `onnx.reference`; its outputs still match onnxruntime's."""
+    path = MODELS / f"{name}.onnx"
+    compiled = ef.compile(path, backend="numba")
+    session = _unoptimized(path)
+    names = [o.name for o in session.get_outputs()]
+    for feed in sample_inputs(MODELS / f"{QUANTIZED[name][0]}.onnx", 2, seed=5):
+        want = session.run(None, feed)
+        got = compiled.run(feed)
+        for out, w in zip(names, want):
+            np.testing.assert_allclose(np.asarray(got[out]), w, rtol=1e-3, atol=1e-3)
+
+
+def test_per_axis_quantization_is_one_broadcast_operator():
+    """A per-axis QuantizeLinear (axis 1 of NCHW) without a zero point is covered: the scale
+    becomes a [C, 1, 1] broadcast and the zero point zeros of uint8, on both backends."""
+    from onnx import TensorProto, helper
+
+    scale = numpy_helper.from_array(np.array([0.5, 0.25, 0.125], np.float32), "scale")
+    zero = numpy_helper.from_array(np.array([0, 10, 250], np.uint8), "zero")
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "scale"], ["q"], axis=1),
+         helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"], axis=1)],
+        "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 2, 2])],
+        [helper.make_tensor_value_info("q", TensorProto.UINT8, [1, 3, 2, 2]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 2, 2])],
+        initializer=[scale, zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = np.array([-1.0, 0.3, 0.75, 1.25, 7.0, 200.0, np.nan, 0.0625, 1.0, 31.9, 32.0, -3.0],
+                 np.float32).reshape(1, 3, 2, 2)
+    with np.errstate(invalid="ignore"):
+        want = onnx.reference.ReferenceEvaluator(model).run(None, {"x": x})
+    for backend in BACKENDS:
+        compiled = ef.compile(model, backend=backend)
+        assert compiled.report.opaque_ops == []
+        got = compiled.run({"x": x})
+        assert got["q"].dtype == np.uint8
+        # NaN saturates to 0 here, where onnx.reference's cast of NaN is undefined
+        finite = ~np.isnan(x)
+        np.testing.assert_array_equal(got["q"][finite], want[0][finite])
+        np.testing.assert_array_equal(got["y"][finite], want[1][finite])
+        assert got["q"][~finite].tolist() == [0]
