@@ -162,6 +162,12 @@ _SPECS = [
           ["pads", "strides", "dilations", "group", "output_padding"], "anchor", ["b"],
           ref=npo.conv_transpose),
     _spec("MatMul", ["a", "b"], [], "anchor", ref=npo.matmul, plain=True),
+    # integer contractions: int32 sums of 8-bit integers less their zero points, exactly
+    _spec("MatMulInteger", ["a", "b", "a_zero_point", "b_zero_point"], [], "anchor",
+          ["a_zero_point", "b_zero_point"], ref=npq.matmul_integer, plain=True),
+    _spec("ConvInteger", ["x", "w", "x_zero_point", "w_zero_point"],
+          ["pads", "strides", "dilations", "group"], "anchor", ["x_zero_point", "w_zero_point"],
+          ref=npq.conv_integer),
     _spec("Gemm", ["a", "b", "c"], ["alpha", "beta", "trans_a", "trans_b"], "anchor", ["c"],
           ref=npo.gemm),
     # reductions: row and window kernels

@@ -81,10 +81,11 @@ def test_qdq_model_fuses_its_quantization_and_matches_onnxruntime(name, backend)
 
 @pytest.mark.parametrize("name", DYNAMIC)
 def test_dynamically_quantized_model_compiles_and_matches_onnxruntime(name):
-    """Dynamic quantization (DynamicQuantizeLinear, MatMulInteger, ConvInteger) runs today with
-    those ops through `onnx.reference`; its outputs still match onnxruntime's."""
+    """Dynamic quantization: MatMulInteger and ConvInteger are covered (exact int32 sums);
+    DynamicQuantizeLinear still runs through `onnx.reference`. The outputs match onnxruntime's."""
     path = MODELS / f"{name}.onnx"
     compiled = ef.compile(path, backend="numba")
+    assert not {"MatMulInteger", "ConvInteger"} & set(compiled.report.opaque_ops)
     session = _unoptimized(path)
     names = [o.name for o in session.get_outputs()]
     for feed in sample_inputs(MODELS / f"{QUANTIZED[name][0]}.onnx", 2, seed=5):
@@ -92,6 +93,51 @@ def test_dynamically_quantized_model_compiles_and_matches_onnxruntime(name):
         got = compiled.run(feed)
         for out, w in zip(names, want):
             np.testing.assert_allclose(np.asarray(got[out]), w, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_integer_contractions_are_exact_past_float32s_range(backend):
+    """MatMulInteger's and ConvInteger's int32 sums are exact, with per-row / per-channel zero
+    points, also where a float32 sum of the same products would round (sums past 2^24)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    k = 4096
+    a = rng.integers(0, 256, (3, k)).astype(np.uint8)
+    a[0] = 255                                   # 255 * 127 * 4096 > 2^27: float32 rounds
+    b = rng.integers(-128, 128, (k, 5)).astype(np.int8)
+    b[:, 0] = 127
+    za = np.array([0, 7, 250], np.uint8)         # per row of a
+    zb = np.array([0, 1, -1, 5, -128], np.int8)  # per column of b
+    w = rng.integers(-128, 128, (4, 2, 3, 3)).astype(np.int8)
+    zw = np.array([0, 3, -3, 100], np.int8)      # per output channel
+    x = rng.integers(0, 256, (1, 2, 5, 5)).astype(np.uint8)
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["m"]),
+         helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["c"], pads=[1, 1, 1, 1])],
+        "int", [helper.make_tensor_value_info("a", TensorProto.UINT8, [3, k]),
+                helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 2, 5, 5])],
+        [helper.make_tensor_value_info("m", TensorProto.INT32, [3, 5]),
+         helper.make_tensor_value_info("c", TensorProto.INT32, [1, 4, 5, 5])],
+        initializer=[numpy_helper.from_array(v, n) for n, v in
+                     (("b", b), ("za", za), ("zb", zb), ("w", w), ("zw", zw),
+                      ("zx", np.array(131, np.uint8)))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    compiled = ef.compile(model, backend=backend)
+    assert compiled.report.opaque_ops == []
+    got = compiled.run({"a": a, "x": x})
+    want_m = (a.astype(np.int64) - za.astype(np.int64)[:, None]) @ \
+        (b.astype(np.int64) - zb.astype(np.int64))
+    np.testing.assert_array_equal(got["m"], want_m.astype(np.int32))
+    assert abs(float(want_m[0, 0])) > 2 ** 24
+    padded = np.pad(x.astype(np.int64) - 131, [(0, 0), (0, 0), (1, 1), (1, 1)])
+    taps = w.astype(np.int64) - zw.astype(np.int64)[:, None, None, None]
+    want_c = np.zeros((1, 4, 5, 5), np.int64)
+    for i in range(5):
+        for j in range(5):
+            want_c[0, :, i, j] = np.tensordot(taps, padded[0, :, i:i + 3, j:j + 3], 3)
+    np.testing.assert_array_equal(got["c"], want_c.astype(np.int32))
+    # (onnxruntime's kernels take one zero point per tensor only: the oracle is int64 NumPy)
 
 
 def test_per_axis_quantization_is_one_broadcast_operator():

@@ -45,7 +45,7 @@ from .costmodel import CostModel, Prices, is_depthwise, nbytes, node_flops
 EPS = 1e-6    # price of one inline node, in the objective's unit: ties go to smaller programs
 CONST_LEAVES = {"Const", "Scalar", "Ints", "Absent"}
 ANCHOR_KINDS = ("anchor", "reduction")
-CONTRACTIONS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+CONTRACTIONS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "ConvInteger", "MatMulInteger")
 
 
 class ExtractionError(EqsatFuseError):
@@ -259,7 +259,7 @@ class Pricing:
         node = self.eg.nodes[index]
         if OPS[node.op].kind in ("leaf", "structure"):
             return 0.0
-        groups = node.attrs[3] if node.op in ("Conv", "ConvTranspose") else 1
+        groups = node.attrs[3] if node.op in ("Conv", "ConvTranspose", "ConvInteger") else 1
         depthwise = None
         if len(node.children) > 1 and \
                 is_depthwise(node.op, groups, self.eg.shapes.get(node.children[1])):

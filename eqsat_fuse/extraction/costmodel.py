@@ -251,9 +251,9 @@ def is_depthwise(op: str, groups: int, weight_shape: tuple[int, ...] | None) -> 
 
 
 def _rate_class(op: str) -> str:
-    if op in ("MatMul", "Gemm"):
+    if op in ("MatMul", "Gemm", "MatMulInteger"):
         return "matmul"
-    if op in ("Conv", "ConvTranspose"):
+    if op in ("Conv", "ConvTranspose", "ConvInteger"):
         return "conv"
     if OPS[op].kind == "reduction":
         return "reduction"
@@ -268,13 +268,13 @@ def node_flops(model: CostModel, op: str, attrs: tuple, out_shape: tuple[int, ..
         return 0.0
     out = float(math.prod(out_shape))
     first = in_shapes[0] if in_shapes else None
-    if op == "Conv" and in_shapes[1] is not None:
+    if op in ("Conv", "ConvInteger") and in_shapes[1] is not None:
         w = in_shapes[1]
         return 2.0 * out * math.prod(w[1:])
     if op == "ConvTranspose" and first is not None and in_shapes[1] is not None:
         w = in_shapes[1]
         return 2.0 * math.prod(first) * math.prod(w[1:])
-    if op in ("MatMul", "Gemm") and first is not None:
+    if op in ("MatMul", "Gemm", "MatMulInteger") and first is not None:
         trans_a = op == "Gemm" and attrs[2]
         k = first[-2] if trans_a and len(first) >= 2 else first[-1]
         return 2.0 * out * k

@@ -102,11 +102,13 @@ def _window(node, ctx: _Context) -> tuple[dict, list[int], list[int], list[int]]
 
 
 def _norm_conv(node, ctx: _Context):
+    """Conv, and ConvInteger (its zero points where Conv has its bias, and after it)."""
     a, kernel, strides, dilations = _window(node, ctx)
     x = ctx.info(node.input[0]).shape
     pads = _auto_pads(_str(a.get("auto_pad", "NOTSET")), x[2:], kernel, strides, dilations,
                       a.get("pads"))
-    return "Conv", [node.input[0], node.input[1], _opt(node, 2)], dict(
+    extra = [_opt(node, 2), _opt(node, 3)] if node.op_type == "ConvInteger" else [_opt(node, 2)]
+    return node.op_type, [node.input[0], node.input[1], *extra], dict(
         pads=pads, strides=strides, dilations=dilations, group=int(a.get("group", 1)))
 
 
@@ -412,7 +414,7 @@ def _opt(node: onnx.NodeProto, position: int) -> str | None:
 # The ops with a normalizer of their own; the rest of those ONNX writes one to one are read
 # off the operator table (`_normalizer`).
 _NORMALIZERS: dict[str, Callable] = {
-    "Conv": _norm_conv, "ConvTranspose": _norm_conv_transpose,
+    "Conv": _norm_conv, "ConvInteger": _norm_conv, "ConvTranspose": _norm_conv_transpose,
     "MaxPool": _norm_pool, "AveragePool": _norm_pool,
     "BatchNormalization": _norm_batchnorm, "LayerNormalization": _norm_layernorm,
     "ReduceMean": _norm_reduce, "ReduceSum": _norm_reduce, "Softmax": _norm_softmax,

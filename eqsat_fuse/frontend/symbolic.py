@@ -314,6 +314,8 @@ class _Walk:
             dtype = _np_dtype(int(a["to"]))
         elif op in ("ArgMax", "ArgMin", "Shape", "Size", "NonZero"):
             dtype = "int64"
+        elif op in ("MatMulInteger", "ConvInteger"):
+            dtype = "int32"
         elif op == "Where":
             dtype = ins[1].dtype
         elif op == "CastLike" or op == "DequantizeLinear":
@@ -348,13 +350,13 @@ class _Walk:
             return self.broadcast([i.shape for i in ins if i is not None], where)
         if op in _SAME_SHAPE:
             return x
-        if op == "MatMul":
+        if op in ("MatMul", "MatMulInteger"):
             return self.matmul(ins[0].shape, ins[1].shape, where)
         if op == "Gemm":
             m = x[1] if a.get("transA", 0) else x[0]
             n = ins[1].shape[0] if a.get("transB", 0) else ins[1].shape[1]
             return (m, n)
-        if op in ("Conv", "MaxPool", "AveragePool", "LpPool"):
+        if op in ("Conv", "ConvInteger", "MaxPool", "AveragePool", "LpPool"):
             return self.window(node, op, ins, a)
         if op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
             return (*x[:2], *([1] * (len(x) - 2)))
@@ -468,7 +470,7 @@ class _Walk:
                 raise SymbolicError("ceil-mode pooling over a symbolic dim with an end padding "
                                     "of a whole window")
             out.append(dmin(floordiv(num + s - 1, s) + 1, floordiv(n + pb + s - 1, s)))
-        channels = ins[1].shape[0] if op == "Conv" else x[1]
+        channels = ins[1].shape[0] if op in ("Conv", "ConvInteger") else x[1]
         return (x[0], channels, *out)
 
     def reduce(self, node, op, x, a):

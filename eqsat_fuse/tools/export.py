@@ -505,7 +505,7 @@ class _Exporter:
             self._quantization(scope, op, args, arg_dtypes, out, label)
         elif op == "BatchNormalization":
             emit(op, args, epsilon=float(a["epsilon"]))
-        elif op == "Conv":
+        elif op in ("Conv", "ConvInteger"):
             emit(op, args, pads=_ints(a["pads"]), strides=_ints(a["strides"]),
                  dilations=_ints(a["dilations"]), group=int(a["group"]))
         elif op == "ConvTranspose":

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 MAX_GRAPH_NODES = 4000      # pictures with more nodes than this are not drawn (dot gets slow)
 MAX_LABEL = 32              # characters of a name shown in a graph label (all of it in tooltips)
 
-_ANCHORS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "LSTM", "GRU", "RNN",
-            "Attention", "MatMulInteger", "QLinearConv", "QLinearMatMul"}
+_ANCHORS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "ConvInteger", "Einsum", "LSTM", "GRU",
+            "RNN", "Attention", "MatMulInteger", "QLinearConv", "QLinearMatMul"}
 _REDUCTIONS = {"Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization",
                "GlobalAveragePool", "GlobalMaxPool", "AveragePool", "MaxPool", "LRN",
                "InstanceNormalization", "GroupNormalization", "ReduceMean", "ReduceSum",
