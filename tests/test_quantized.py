@@ -95,6 +95,38 @@ def test_dynamically_quantized_model_compiles_and_matches_onnxruntime(name):
             np.testing.assert_allclose(np.asarray(got[out]), w, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("out", ["uint8", "int8", "int16"])
+def test_a_contraction_that_writes_integers_is_one_numba_kernel(out):
+    """Gemm + QuantizeLinear writes its quantized integers itself on the Numba backend (the
+    product in a float32 workspace), not through the NumPy fallback, and equals the NumPy
+    backend bit for bit."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(1)
+    zero = np.array(3, out)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["g"]),
+         helper.make_node("QuantizeLinear", ["g", "s", "z"], ["q"])],
+        "gq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 32])],
+        [helper.make_tensor_value_info("q", helper.np_dtype_to_tensor_dtype(zero.dtype),
+                                       [16, 24])],
+        initializer=[numpy_helper.from_array(rng.standard_normal((32, 24)).astype(np.float32),
+                                             "w"),
+                     numpy_helper.from_array(rng.standard_normal(24).astype(np.float32), "b"),
+                     numpy_helper.from_array(np.array(0.03, np.float32), "s"),
+                     numpy_helper.from_array(zero, "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = rng.standard_normal((16, 32)).astype(np.float32) * 3
+    numba = ef.compile(model, backend="numba")
+    fallbacks = numba.report.as_dict()["backend_report"]["fallback_kernels"]
+    assert fallbacks == [] and [k["ops"] for k in numba.report.as_dict()["kernels"]] == \
+        [["Gemm", "QuantizeLinear"]]
+    got, want = numba.run({"x": x})["q"], ef.compile(model, backend="numpy").run({"x": x})["q"]
+    assert got.dtype == np.dtype(out)
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 10                 # the values spread over many steps
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_integer_contractions_are_exact_past_float32s_range(backend):
     """MatMulInteger's and ConvInteger's int32 sums are exact, with per-row / per-channel zero

@@ -266,7 +266,8 @@ class NumbaBackend:
         gen = Emitter(self, k)
         if int(np.prod(kernel.info.shape, dtype=np.int64)) == 0:
             raise Unsupported("an empty output")
-        if kernel.info.dtype not in ("float32", "float64", "int64", "int32", "bool") and \
+        if kernel.info.dtype not in ("float32", "float64", "int64", "int32", "bool", "int8",
+                                     "uint8", "int16", "uint16") and \
                 gen.out_stored != "float16":
             raise Unsupported(f"output dtype {kernel.info.dtype}")
         if kernel.kind == "alias":          # a view strides cannot express: a copy
