@@ -18,7 +18,9 @@ a pause), medians:
 Accuracy, over 8 seeded inputs: the largest difference of the first output from ORT_DISABLE_ALL
 (the QDQ semantics op by op) for eqsat-fuse (`ef-none`) and for ORT_ENABLE_ALL (`all-none`),
 the output's magnitude, and how often the top-1 class (argmax) agrees with ORT_DISABLE_ALL.
-Memory: bytes of weights (initializers) of each file and eqsat-fuse's peak arena.
+Memory: bytes of weights (initializers) of each file, the constants eqsat-fuse's compiled int8
+program holds (`ef consts`: today the weights dequantized to float32 at import), and its peak
+arena for int8 and float.
 
 `--threads N` pins onnxruntime's intra-op threads, eqsat-fuse's `threads=` and the BLAS/OpenMP
 pools to N (default 1); `--threads default` leaves every runtime at its own default.
@@ -115,7 +117,8 @@ def main(paths: list[str]) -> int:
     head = (f"{'model':34s} {'ort all':>8s} {'ort none':>8s} {'ef int8':>8s} {'ef float':>8s} "
             f"{'ort float':>9s} | {'x all':>6s} {'int8/float':>10s} | {'ef-none':>8s} "
             f"{'all-none':>8s} {'|out|':>6s} {'top1 ef':>7s} {'top1 all':>8s} | "
-            f"{'weights int8/float':>18s} {'peak int8/float':>15s} {'kernels':>9s}")
+            f"{'weights int8/float':>18s} {'ef consts':>9s} {'peak int8/float':>15s} "
+            f"{'kernels':>9s}")
     print(head)
     print("-" * len(head))
     ratios: dict[str, list[float]] = {}
@@ -146,13 +149,15 @@ def main(paths: list[str]) -> int:
             float_kernels = sum(k["kind"] != "alias"
                                 for k in compiled_float.report.as_dict()["kernels"])
             weights = f"{_weight_bytes(path) / 2**20:.1f}/{_weight_bytes(float_path) / 2**20:.1f}M"
+            held = sum(np.asarray(v).nbytes for v in compiled.program.constants.values())
             peak = (f"{compiled.report.peak_bytes / 2**20:.2f}/"
                     f"{compiled_float.report.peak_bytes / 2**20:.2f}M")
             print(f"{path.stem:34s} {ms['ort all']:8.2f} {ms['ort none']:8.2f} "
                   f"{ms['ef int8']:8.2f} {ms['ef float']:8.2f} {ms['ort float']:9.2f} | "
                   f"{ratio:6.2f} {ms['ef int8'] / ms['ef float']:10.2f} | "
                   f"{acc['ef_none']:8.3g} {acc['all_none']:8.3g} {acc['magnitude']:6.3g} "
-                  f"{acc['top_ef']:>7s} {acc['top_all']:>8s} | {weights:>18s} {peak:>15s} "
+                  f"{acc['top_ef']:>7s} {acc['top_all']:>8s} | {weights:>18s} "
+                  f"{held / 2**20:8.1f}M {peak:>15s} "
                   f"{kernels:>4d}/{float_kernels:<4d}", flush=True)
             opaque = compiled.report.opaque_ops
             if opaque:
