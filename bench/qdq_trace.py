@@ -10,10 +10,11 @@ Every QuantizeLinear output is made a graph output (so each runtime writes it), 
 run the same seeded inputs (FLOAT_MODEL's `sample_inputs` shapes, or the model's own), and for
 each runtime the script prints, in graph order, the first quantized tensors that differ from
 the exact ones: how many elements, by how many steps, and how far the exact value x / scale was
-from a rounding tie (k + 1/2) there. A first difference all at ties (|distance| below float32's
-relative precision times |x / scale|) is a summation-order effect, not a bug: upstream tensors
-are equal, so only that layer's float arithmetic can have rounded differently. Later tensors
-then differ because their inputs do.
+from a rounding tie (k + 1/2) there. A first difference whose elements all lie near a tie
+(within 1e-3 of a step; a float32 sum of K products moves x / scale by up to about
+K 2^-24 sum|ab| / scale, 1e-6 to 1e-4 of a step in real layers) is a summation-order effect,
+not a bug: upstream tensors are equal, so only that layer's float arithmetic can have rounded
+differently. Later tensors then differ because their inputs do (their distances mean nothing).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ import eqsat_fuse as ef  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "models"))
 from quantize_models import sample_inputs  # noqa: E402
+
+
+NEAR_TIE = 1e-3   # in steps: above a float32 sum's rounding, far below a wrong kernel's error
 
 
 def traced(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], dict[str, tuple]]:
@@ -91,11 +95,11 @@ def first_differences(name_order: list[str], got: dict, exact: dict, pre: dict, 
             continue
         ratio = np.broadcast_to(pre[name] / scales[name], a.shape)[bad]
         distance = np.abs(np.abs(ratio - np.floor(ratio)) - 0.5)
-        tie = distance <= 2.0 ** -22 * np.maximum(np.abs(ratio), 1.0)
+        tie = distance <= NEAR_TIE
         lines.append(f"    {name}: {int(bad.sum())} of {a.size} elements differ, by "
-                     f"{int(np.abs(a - b)[bad].max())} step(s) at most; at ties "
-                     f"(|x/scale - (k+1/2)| <= 2^-22 |x/scale|): {int(tie.sum())} of "
-                     f"{int(bad.sum())}; nearest {float(distance.min()):.3g}, farthest "
+                     f"{int(np.abs(a - b)[bad].max())} step(s) at most; near a tie "
+                     f"(|x/scale - (k+1/2)| <= {NEAR_TIE:g}): {int(tie.sum())} of "
+                     f"{int(bad.sum())}; distances {float(distance.min()):.3g} to "
                      f"{float(distance.max()):.3g}")
         if len(lines) >= limit:
             break
