@@ -65,8 +65,10 @@ class OpSpec:
     # the importer and the exporter take it one to one
     onnx_plain: bool = False
     defaults: tuple[tuple[str, Any], ...] = ()   # ONNX default of each attribute (onnx_plain)
-    # elementwise only: the input slot whose dtype the result has (a Cast's is its `to`)
+    # the input slot whose dtype the result has (a Cast's is its `to`), or a dtype of its own
+    # (`result_dtype`: the integer contractions' int32)
     dtype_of: str = ""
+    result_dtype: str = ""
 
     @property
     def dtype_slot(self) -> int:
@@ -89,7 +91,7 @@ class OpSpec:
 
 def _spec(name, inputs, attrs=(), kind="elementwise", optional=(), fused=None, short="", *,
           ref=None, scalar=None, scalar_f32=None, integers=False, domain="any", plain=None,
-          defaults=None, dtype_of=""):
+          defaults=None, dtype_of="", result_dtype=""):
     """`fused`: the elementwise op's fused input slots (default: all of them); `plain`: whether
     ONNX writes it one to one (default: an elementwise op without attributes, or one whose
     attribute `defaults` are given)."""
@@ -99,7 +101,7 @@ def _spec(name, inputs, attrs=(), kind="elementwise", optional=(), fused=None, s
         plain = kind == "elementwise" and (not attrs or defaults is not None)
     return OpSpec(name, tuple(inputs), tuple(attrs), kind, tuple(optional), tuple(fused), short,
                   ref, scalar, scalar_f32, integers, domain, plain,
-                  tuple((defaults or {}).items()), dtype_of)
+                  tuple((defaults or {}).items()), dtype_of, result_dtype)
 
 
 _SPECS = [
@@ -164,10 +166,11 @@ _SPECS = [
     _spec("MatMul", ["a", "b"], [], "anchor", ref=npo.matmul, plain=True),
     # integer contractions: int32 sums of 8-bit integers less their zero points, exactly
     _spec("MatMulInteger", ["a", "b", "a_zero_point", "b_zero_point"], [], "anchor",
-          ["a_zero_point", "b_zero_point"], ref=npq.matmul_integer, plain=True),
+          ["a_zero_point", "b_zero_point"], ref=npq.matmul_integer, plain=True,
+          result_dtype="int32"),
     _spec("ConvInteger", ["x", "w", "x_zero_point", "w_zero_point"],
           ["pads", "strides", "dilations", "group"], "anchor", ["x_zero_point", "w_zero_point"],
-          ref=npq.conv_integer),
+          ref=npq.conv_integer, result_dtype="int32"),
     _spec("Gemm", ["a", "b", "c"], ["alpha", "beta", "trans_a", "trans_b"], "anchor", ["c"],
           ref=npo.gemm),
     # reductions: row and window kernels

@@ -404,7 +404,9 @@ def _norm_lrn(node, ctx: _Context):
 
 
 def _norm_plain(node, ctx: _Context):
-    return node.op_type, list(node.input), {}
+    """The inputs as they are, omitted optional ones (trailing or "") as absent."""
+    slots = len(OPS[node.op_type].inputs)
+    return node.op_type, [_opt(node, i) for i in range(max(slots, len(node.input)))], {}
 
 
 def _opt(node: onnx.NodeProto, position: int) -> str | None:

@@ -768,6 +768,8 @@ def _result_dtype(node: BodyNode, arg_dtypes: list[str | None]) -> str | None:
     if node.op == "Opaque":
         return None
     spec = OPS.get(node.op)
+    if spec is not None and spec.result_dtype:
+        return spec.result_dtype
     if spec is not None and spec.dtype_of and arg_dtypes[spec.dtype_slot] is not None:
         return arg_dtypes[spec.dtype_slot]        # Where's x, a quantization op's other side
     return next((d for d in arg_dtypes if d is not None), None)

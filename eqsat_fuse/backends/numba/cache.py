@@ -1,7 +1,7 @@
 """Where the Numba backend keeps machine code between processes: the generated kernel modules
 (`default_cache_dir`; Numba writes each one's machine code beside it) and the machine code of
-the hand-written runtime that Numba does not cache, the packed GEMM microkernel
-(`runtime_cache_dir`, `read_object`, `write_object`)."""
+the hand-written runtime that Numba does not cache, the GEMM microkernels in LLVM IR
+(`runtime_cache_dir`, `read_object`, `write_object`, `load_ir`)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,33 @@ def write_object(path: Path, code: bytes) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def load_ir(source: str, name: str, symbols: tuple[str, ...]):
+    """Machine code for LLVM IR `source` on this CPU (compiled once per machine, kept in
+    `runtime_cache_dir` keyed by the IR, the CPU and llvmlite's version; each process loads the
+    object, about a millisecond), its `symbols` registered for compiled code to call by name.
+    Returns the engine, which the caller keeps (it keeps the machine code mapped)."""
+    import llvmlite
+    import llvmlite.binding as llvm
+    import numba  # noqa: F401  (initializes LLVM's native target the way Numba does)
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features,
+                                                                      opt=3)
+    key = hashlib.sha256("\0".join((source, cpu, features, llvmlite.__version__))
+                         .encode()).hexdigest()[:32]
+    path = runtime_cache_dir() / f"{name}-{key}.o"
+    code = read_object(path)
+    if code is None:
+        module = llvm.parse_assembly(source)
+        module.verify()
+        builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
+        builder.getModulePassManager().run(module, builder)
+        code = machine.emit_object(module)
+        write_object(path, code)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
+    engine.add_object_file(llvm.ObjectFileRef.from_data(code))
+    engine.finalize_object()
+    for symbol in symbols:
+        llvm.add_symbol(symbol, engine.get_function_address(symbol))
+    return engine

@@ -39,7 +39,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cache import read_object, runtime_cache_dir, write_object
+from .cache import load_ir
 from .calls import F32_ARRAY, F32_ARRAY3, I64, I64_ARRAY, runtime_entry
 from .kernels import WIDE_VECTORS
 
@@ -228,32 +228,7 @@ def ensure_compiled() -> None:
         return
     if not AVAILABLE:
         raise RuntimeError("the packed GEMM needs AVX-512")
-    import hashlib
-
-    import llvmlite
-    import llvmlite.binding as llvm
-    import numba  # noqa: F401  (initializes LLVM's native target the way Numba does)
-    source = microkernel_ir()
-    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-    target = llvm.Target.from_default_triple()
-    machine = target.create_target_machine(cpu=cpu, features=features, opt=3)
-    key = hashlib.sha256("\0".join((source, cpu, features, llvmlite.__version__))
-                         .encode()).hexdigest()[:32]
-    path = runtime_cache_dir() / f"microkernel-{key}.o"
-    code = read_object(path)
-    if code is None:
-        module = llvm.parse_assembly(source)
-        module.verify()
-        builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
-        builder.getModulePassManager().run(module, builder)
-        code = machine.emit_object(module)
-        write_object(path, code)
-    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
-    engine.add_object_file(llvm.ObjectFileRef.from_data(code))
-    engine.finalize_object()
-    for symbol in (SYMBOL, SYMBOL_TABLE, SYMBOL_ATABLE):
-        llvm.add_symbol(symbol, engine.get_function_address(symbol))
-    _ENGINE = engine            # keeps the machine code mapped
+    _ENGINE = load_ir(microkernel_ir(), "microkernel", (SYMBOL, SYMBOL_TABLE, SYMBOL_ATABLE))
 
 
 def _call_codegen(symbol: str, ptr_slots: set[int]):

@@ -55,6 +55,8 @@ def node_dtypes(body: list[BodyNode], operand_dtype: Callable[[Operand], str]) -
         slot = spec.dtype_slot if spec is not None else 0
         if node.op == "Cast":
             out.append(str(np.dtype(node.attrs["to"])))
+        elif spec is not None and spec.result_dtype:
+            out.append(spec.result_dtype)
         elif len(node.args) > slot and node.args[slot].kind != "absent":
             out.append(arg(node.args[slot]))
         else:

@@ -27,11 +27,12 @@ from .spaces import Unsupported
 
 def _runtime_digest() -> str:
     """A hash of the hand-written code generated modules call (approx, calls, kernels,
-    packed_gemm, vectors): it goes into every generated source, so editing them never reuses stale
-    cached machine code."""
+    packed_gemm, int8_gemm, vectors): it goes into every generated source, so editing them never
+    reuses stale cached machine code."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for name in ("approx.py", "calls.py", "kernels.py", "packed_gemm.py", "vectors.py"):
+    for name in ("approx.py", "calls.py", "kernels.py", "packed_gemm.py", "int8_gemm.py",
+                 "vectors.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()[:16]
 
@@ -63,6 +64,7 @@ class ModuleSource:
         self.lines: list[str] = []
         self.header: list[str] = []
         self.uses_packed_gemm = False
+        self.uses_int8_gemm = False
         self.parallel = False
         self.imports: set[str] = set()
 
@@ -103,7 +105,7 @@ class ModuleSource:
         `PG.<name>_entry`: `calls.runtime_entry`), before its machine code is linked."""
         import re
         keys = sorted({f"{m}.{name}" for line in self.lines
-                       for m, name in re.findall(r"\b(K|PG)\.(\w+)_entry\(", line)})
+                       for m, name in re.findall(r"\b(K|PG|I8)\.(\w+)_entry\(", line)})
         return [f"KC.use_runtime({', '.join(repr(k) for k in keys)})"] if keys else []
 
     def source(self) -> str:
@@ -125,6 +127,8 @@ class ModuleSource:
             *self.header,
             *(["from eqsat_fuse.backends.numba import packed_gemm as PG", "PG.ensure_compiled()"]
               if self.uses_packed_gemm else []),
+            *(["from eqsat_fuse.backends.numba import int8_gemm as I8", "I8.ensure_compiled()"]
+              if self.uses_int8_gemm else []),
             *self._runtime_entries(),
             "",
             decorator,
