@@ -179,6 +179,8 @@ _SPECS = [
           ref=npo.layer_normalization),
     _spec("ReduceMean", ["x"], ["axes", "keepdims"], "reduction"),
     _spec("ReduceSum", ["x"], ["axes", "keepdims"], "reduction"),
+    _spec("ReduceMax", ["x"], ["axes", "keepdims"], "reduction", ref=npo.reduce_max),
+    _spec("ReduceMin", ["x"], ["axes", "keepdims"], "reduction", ref=npo.reduce_min),
     _spec("MaxPool", ["x"], ["kernel_shape", "pads", "strides", "dilations", "ceil_mode"],
           "reduction", ref=npo.max_pool),
     _spec("AveragePool", ["x"],
@@ -205,11 +207,12 @@ _SPECS = [
 
 OPS: dict[str, OpSpec] = {s.name: s for s in _SPECS}
 
-# ONNX op types the importer maps one-to-one onto a constructor of the same name (Sum, Shape and
-# Constant are rewritten by the importer into these; everything else becomes Opaque).
+# ONNX op types the importer maps one-to-one onto a constructor of the same name (Sum, Shape,
+# Constant and DynamicQuantizeLinear are rewritten by the importer into these; everything else
+# becomes Opaque).
 COVERED_ONNX_OPS = frozenset(
     name for name, s in OPS.items() if s.kind not in ("leaf", "structure", "opaque")
-) | {"Sum", "Shape", "Constant"}
+) | {"Sum", "Shape", "Constant", "DynamicQuantizeLinear"}
 
 
 def kind(op: str) -> str:

@@ -68,7 +68,8 @@ KNOWN_BACKEND_BUGS: dict[str, list[tuple[str, str]]] = {
 # Inputs that act as attributes (the term language holds them as attributes), by position.
 _ATTRIBUTE_INPUTS = {"Reshape": (1,), "Expand": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
                      "Slice": (1, 2, 3, 4), "Split": (1,), "Pad": (1, 2, 3),
-                     "ReduceMean": (1,), "ReduceSum": (1,), "Dropout": (1, 2),
+                     "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
+                     "Dropout": (1, 2),
                      "QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2)}
 # Forms of a covered op that stay Opaque by design, so have no frozen variant: quantization to
 # 8-bit floats, 4- and 2-bit integers, and the blocked form.

@@ -1004,7 +1004,8 @@ def test_ops_table_complete():
         "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu",
         "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal",
         "Where", "Cast", "BatchNormalization", "Identity", "Dropout", "Conv", "ConvTranspose", "MatMul",
-        "Gemm", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "MaxPool",
+        "Gemm", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
+        "MaxPool",
         "AveragePool", "GlobalAveragePool", "LRN", "Transpose", "Reshape", "Flatten", "Concat",
         "Split", "Slice", "Gather", "Unsqueeze", "Squeeze", "Expand", "Pad", "Shape",
     }

@@ -419,7 +419,8 @@ _NORMALIZERS: dict[str, Callable] = {
     "Conv": _norm_conv, "ConvInteger": _norm_conv, "ConvTranspose": _norm_conv_transpose,
     "MaxPool": _norm_pool, "AveragePool": _norm_pool,
     "BatchNormalization": _norm_batchnorm, "LayerNormalization": _norm_layernorm,
-    "ReduceMean": _norm_reduce, "ReduceSum": _norm_reduce, "Softmax": _norm_softmax,
+    "ReduceMean": _norm_reduce, "ReduceSum": _norm_reduce, "ReduceMax": _norm_reduce,
+    "ReduceMin": _norm_reduce, "Softmax": _norm_softmax,
     "Gemm": _norm_gemm, "Clip": _norm_clip, "Dropout": _norm_dropout,
     "Cast": _norm_cast, "Transpose": _norm_transpose,
     "Reshape": _norm_static_shape("Reshape"), "Expand": _norm_static_shape("Expand"),
@@ -504,9 +505,39 @@ def _split_wide(node: onnx.NodeProto, ctx: _Context) -> list[onnx.NodeProto]:
     return [*parts, last]
 
 
+def _dynamic_quantize(node: onnx.NodeProto, ctx: _Context, label: str) -> list[Node]:
+    """DynamicQuantizeLinear as the spec defines it, in covered ops: with m = max(0, max x) and
+    r = -min(0, min x), the scale is (m + r) / 255, the zero point saturate(round(r / scale))
+    (a QuantizeLinear of r by it, zero point 0) and y = QuantizeLinear(x, scale, zero point)."""
+    x = node.input[0]
+    info = ctx.info(x)
+    if info.dtype != "float32" or len([o for o in node.output if o]) != 3:
+        raise _Unsupported("DynamicQuantizeLinear of another dtype, or an output unused")
+    y, scale, zero = node.output
+    axes = dict(axes=list(range(len(info.shape))), keepdims=0)
+    scalar = lambda tag: ctx.fresh(f"{y}::{tag}", TensorInfo((), "float32"))
+    top, low, neg, m, r = (scalar(t) for t in ("max", "min", "negmin", "m", "r"))
+    span = scalar("span")
+    levels = ctx.new_constant(f"{y}::255", np.array(255.0, np.float32))
+    none = ctx.new_constant(f"{y}::zero", np.array(0, np.uint8))
+    steps = [("ReduceMax", [x], top, axes), ("Relu", [top], m, {}),
+             ("ReduceMin", [x], low, axes), ("Neg", [low], neg, {}), ("Relu", [neg], r, {}),
+             ("Add", [m, r], span, {}), ("Div", [span, levels], scale, {}),
+             ("QuantizeLinear", [r, scale, none], zero, {}),
+             ("QuantizeLinear", [x, scale, zero], y, {})]
+    return [Node(op, inputs, [out], attrs, f"{label}::{i}")
+            for i, (op, inputs, out, attrs) in enumerate(steps)]
+
+
 def _normalize(node: onnx.NodeProto, ctx: _Context) -> list[Node]:
-    """One ONNX node -> IR nodes (Sum becomes a chain of Add; the rest map one to one)."""
+    """One ONNX node -> IR nodes (Sum becomes a chain of Add, DynamicQuantizeLinear the
+    arithmetic it stands for; the rest map one to one)."""
     label = node.name or node.op_type
+    if node.domain in ("", "ai.onnx") and node.op_type == "DynamicQuantizeLinear":
+        try:
+            return _dynamic_quantize(node, ctx, label)
+        except _Unsupported:
+            pass
     if node.domain in ("", "ai.onnx") and node.op_type == "Sum":
         inputs = list(node.input)
         if len(inputs) == 1:

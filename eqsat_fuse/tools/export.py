@@ -523,7 +523,7 @@ class _Exporter:
             emit(op, args, axis=int(a["axis"]))
         elif op == "LayerNormalization":
             emit(op, args, axis=int(a["axis"]), epsilon=float(a["epsilon"]))
-        elif op in ("ReduceMean", "ReduceSum"):
+        elif op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
             axes = scope.ints(a["axes"], f"{_hint(out, scope)}axes")
             emit(op, [args[0], axes], keepdims=int(a["keepdims"]))
         elif op in ("MaxPool", "AveragePool"):

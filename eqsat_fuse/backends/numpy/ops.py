@@ -438,6 +438,29 @@ def reduce_sum(x, *, axes, keepdims):
     return _down(y, x.dtype)
 
 
+def _reduce_extreme(fn, x, axes, keepdims, largest: bool):
+    x = np.asarray(x)
+    if x.dtype == np.bool_:
+        initial = not largest
+    elif np.issubdtype(x.dtype, np.integer):
+        info = np.iinfo(x.dtype)
+        initial = info.min if largest else info.max
+    else:
+        initial = -np.inf if largest else np.inf
+    return fn(x, axis=tuple(int(a) for a in axes), keepdims=bool(keepdims), initial=initial)
+
+
+def reduce_max(x, *, axes, keepdims):
+    """Largest element over `axes` (NaN propagates; over no elements: -inf, or the integer
+    dtype's lowest, as the spec says)."""
+    return _reduce_extreme(np.max, x, axes, keepdims, True)
+
+
+def reduce_min(x, *, axes, keepdims):
+    """Smallest element over `axes` (over no elements: +inf, or the integer dtype's highest)."""
+    return _reduce_extreme(np.min, x, axes, keepdims, False)
+
+
 def reduce_mean(x, *, axes, keepdims):
     """Mean over `axes`; integer means truncate toward zero (sum / count in-type, as ORT)."""
     x = np.asarray(x)
@@ -725,6 +748,8 @@ OPS: dict[str, Callable] = {
     "LayerNormalization": layer_normalization,
     "ReduceMean": reduce_mean,
     "ReduceSum": reduce_sum,
+    "ReduceMax": reduce_max,
+    "ReduceMin": reduce_min,
     "MaxPool": max_pool,
     "AveragePool": average_pool,
     "GlobalAveragePool": global_average_pool,
