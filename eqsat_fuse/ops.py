@@ -219,6 +219,19 @@ def kind(op: str) -> str:
     return OPS[op].kind
 
 
+def result_dtype(op: str, attrs: dict[str, Any], dtype_at: Callable[[int], str | None]
+                 ) -> str | None:
+    """The dtype of an op's result (None where it is not known): a Cast's `to`, an op's fixed
+    result dtype, else the dtype of the input the table names (`dtype_of`, the first by
+    default), which `dtype_at(position)` gives (None for an absent one)."""
+    if op == "Cast":
+        return str(np.dtype(attrs["to"]))
+    spec = OPS.get(op)
+    if spec is None:
+        return None
+    return spec.result_dtype or dtype_at(spec.dtype_slot)
+
+
 # ---- evaluation --------------------------------------------------------------------------------
 
 def _ints(values) -> np.ndarray:

@@ -52,7 +52,7 @@ from ..frontend.protos import all_tensors
 from ..frontend.reading import EXPORT_DOMAIN, inline_functions  # noqa: F401  (export's own)
 from ..ir import BodyNode, Kernel, Operand, TensorInfo
 from ..lowering.lower import contiguous
-from ..ops import OPS
+from ..ops import OPS, result_dtype
 from .export_dims import DimWriter
 
 MIN_OPSET = 18              # ReduceMean takes its axes as an input from opset 18 on
@@ -759,17 +759,12 @@ def _multi_key(node: BodyNode, args: tuple) -> tuple:
 
 def _result_dtype(node: BodyNode, arg_dtypes: list[str | None]) -> str | None:
     """The dtype of a body node's value (the kernel's own dtype is known for its last node)."""
-    if node.op == "Cast":
-        return str(node.attrs["to"])
     if node.op == "Scalar":
         return str(node.attrs["dtype"])
     if node.op == "Ints":
         return "int64"
     if node.op == "Opaque":
         return None
-    spec = OPS.get(node.op)
-    if spec is not None and spec.result_dtype:
-        return spec.result_dtype
-    if spec is not None and spec.dtype_of and arg_dtypes[spec.dtype_slot] is not None:
-        return arg_dtypes[spec.dtype_slot]        # Where's x, a quantization op's other side
-    return next((d for d in arg_dtypes if d is not None), None)
+    dtype = result_dtype(node.op, node.attrs,
+                         lambda i: arg_dtypes[i] if i < len(arg_dtypes) else None)
+    return dtype or next((d for d in arg_dtypes if d is not None), None)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...ir import BodyNode, Operand
-from ...ops import OPS
+from ...ops import OPS, result_dtype
 from .spaces import Unsupported
 
 NP_TYPES = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64",
@@ -51,16 +51,10 @@ def node_dtypes(body: list[BodyNode], operand_dtype: Callable[[Operand], str]) -
         return out[a.ref] if a.kind == "node" else operand_dtype(a)
 
     for node in body:
-        spec = OPS.get(node.op)
-        slot = spec.dtype_slot if spec is not None else 0
-        if node.op == "Cast":
-            out.append(str(np.dtype(node.attrs["to"])))
-        elif spec is not None and spec.result_dtype:
-            out.append(spec.result_dtype)
-        elif len(node.args) > slot and node.args[slot].kind != "absent":
-            out.append(arg(node.args[slot]))
-        else:
-            out.append("float32")
+        args = node.args
+        dtype = result_dtype(node.op, node.attrs, lambda i: arg(args[i])
+                             if i < len(args) and args[i].kind != "absent" else None)
+        out.append(dtype or "float32")
     return out
 
 
