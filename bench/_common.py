@@ -14,15 +14,21 @@ def exit_on_help(argv: list[str]) -> None:
         sys.exit(0)
 
 
+def pop_option(argv: list[str], name: str, default: str) -> str:
+    """The value after `name` in argv (both removed from it), else `default`."""
+    if name not in argv:
+        return default
+    i = argv.index(name)
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
 def set_threads(argv: list[str]) -> int:
     """Read `--threads N` (default 1) and pin every runtime to it; call before importing numpy.
     Answers `--help` first (`exit_on_help`)."""
     exit_on_help(argv)
-    threads = 1
-    if "--threads" in argv:
-        i = argv.index("--threads")
-        threads = int(argv[i + 1])
-        del argv[i:i + 2]
+    threads = int(pop_option(argv, "--threads", "1"))
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "NUMBA_NUM_THREADS"):
         os.environ[var] = str(threads)

@@ -33,28 +33,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import exit_on_help, set_threads  # noqa: E402
+from _common import exit_on_help, pop_option, set_threads  # noqa: E402
 
 exit_on_help(sys.argv)
-DEFAULTS = False
-if "--threads" in sys.argv and sys.argv[sys.argv.index("--threads") + 1] == "default":
-    i = sys.argv.index("--threads")
-    del sys.argv[i:i + 2]
-    DEFAULTS = True
+DEFAULTS = "--threads" in sys.argv and sys.argv[sys.argv.index("--threads") + 1] == "default"
+if DEFAULTS:
+    pop_option(sys.argv, "--threads", "default")
 THREADS = None if DEFAULTS else set_threads(sys.argv)
-
-
-def _option(name: str, default: str) -> str:
-    if name in sys.argv:
-        i = sys.argv.index(name)
-        value = sys.argv[i + 1]
-        del sys.argv[i:i + 2]
-        return value
-    return default
-
-
-FORMS = _option("--forms", "qdq,dynq").split(",")
-OUT = Path(_option("--out", "/tmp/eqsat-fuse-int8"))
+FORMS = pop_option(sys.argv, "--forms", "qdq,dynq").split(",")
+OUT = Path(pop_option(sys.argv, "--out", "/tmp/eqsat-fuse-int8"))
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402

@@ -25,7 +25,7 @@ THREADS = set_threads(sys.argv)
 import numpy as np  # noqa: E402
 
 import eqsat_fuse as ef  # noqa: E402
-from _common import load_model, ort_session  # noqa: E402
+from _common import load_model, ort_session, pop_option  # noqa: E402
 from eqsat_fuse.checking.verify import random_feeds  # noqa: E402
 from eqsat_fuse.tools.profile import group_by_ops, profile_kernels  # noqa: E402
 
@@ -75,11 +75,7 @@ def table(title: str, groups: dict[str, tuple[float, int]], top: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    top = 25
-    if "--top" in argv:
-        i = argv.index("--top")
-        top = int(argv[i + 1])
-        del argv[i:i + 2]
+    top = int(pop_option(argv, "--top", "25"))
     with_ort = "--ort" in argv
     names = [a for a in argv if not a.startswith("--")]
     if len(names) != 1:

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import exit_on_help  # noqa: E402
+from _common import exit_on_help, pop_option  # noqa: E402
 
 exit_on_help(sys.argv)
 
@@ -107,11 +107,7 @@ def first_differences(name_order: list[str], got: dict, exact: dict, pre: dict, 
 
 
 def main(argv: list[str]) -> int:
-    count = 2
-    if "--inputs" in argv:
-        i = argv.index("--inputs")
-        count = int(argv[i + 1])
-        del argv[i:i + 2]
+    count = int(pop_option(argv, "--inputs", "2"))
     if not argv:
         print(__doc__.strip())
         return 2
