@@ -111,13 +111,13 @@ def _finite(v) -> bool:
     return True
 
 
-def _compare(lv, rv, exact: bool = True, zero_signs: bool = True):
+def _compare(lv, rv, exact: bool = True, zero_signs: bool = True, slack=None):
     """None if equal, else (error, max_diff, tolerance, index). NaN on one side only is a
     mismatch; for an `exact` rule (the numerics contract, docs/numerics.md) so are +inf and
     -inf on one side only, and with `zero_signs` a zero's sign (the checker compares it on the
     samples that carry edge values: on ordinary values a zero comes from cancellation, and
     x - x is +0 in any order, so its sign is rounding); finite values agree within
-    `TOLERANCES`."""
+    `TOLERANCES`, plus `slack` per element where given (a contraction's bound)."""
     if lv is None or rv is None:
         return None if lv is None and rv is None else (
             f"one side is absent: lhs {_summary(lv)}, rhs {_summary(rv)}", None, None, None)
@@ -166,6 +166,8 @@ def _compare(lv, rv, exact: bool = True, zero_signs: bool = True):
     finite_r = np.where(np.isfinite(r64), np.abs(r64), 0.0)
     scale = max(1.0, float(np.max(finite_l)), float(np.max(finite_r)))
     allowed = atol * scale + rtol * finite_r
+    if slack is not None:
+        allowed = allowed + np.where(np.isfinite(slack), slack, 0.0)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(l64 - r64)
     same = (l64 == r64) | (np.isnan(l64) & np.isnan(r64))

@@ -286,7 +286,10 @@ def _run(s: _Sample, plan: _Plan):
                     f"the rule sets {a} to {_summary(rv)}, but the value has {_summary(lv)}",
                     None, None, None)
             else:
-                bad = _compare(lv, rv, plan.exact, s.edges)
+                slack = s.contraction_slack(a) if kind == "union" else None
+                if slack is None and kind == "union":
+                    slack = s.contraction_slack(b)
+                bad = _compare(lv, rv, plan.exact, s.edges, slack)
             if bad is None:
                 continue
             error, diff, tol, index = bad

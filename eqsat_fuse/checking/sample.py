@@ -530,6 +530,33 @@ class _Sample:
             return _PRIMS[op](*(self.eval(a) for a in p.args))
         raise _Unsupported(f"({op} ...) has no meaning known to the checker")
 
+    def contraction_slack(self, p):
+        """The contraction bound of docs/numerics.md for a side whose root is a float MatMul,
+        Gemm or Conv: (K + 2) * eps * (the same contraction of |operands|) per element, by which
+        any summation order may differ from the exact sum; None for any other side."""
+        while isinstance(p, Call) and p.op == "Mat":
+            p = p.args[0]
+        if not isinstance(p, Call) or p.op not in ("MatMul", "Gemm", "Conv"):
+            return None
+        spec = OPS[p.op]
+        n = len(spec.inputs)
+        values = [self.eval(a) for a in p.args]
+        tensors, attrs = values[:n], dict(zip(spec.attrs, values[n:]))
+        if any(t is not None and np.asarray(t).dtype.kind != "f" for t in tensors):
+            return None
+        if p.op == "Gemm":
+            attrs = {**attrs, "alpha": abs(attrs["alpha"]), "beta": abs(attrs["beta"])}
+            k = np.shape(tensors[0])[-2 if attrs["trans_a"] else -1]
+        elif p.op == "Conv":
+            k = int(np.prod(np.shape(tensors[1])[1:]))
+        else:
+            k = np.shape(tensors[0])[-1]
+        magnitudes = [None if t is None else np.abs(np.asarray(t, np.float64)) for t in tensors]
+        with np.errstate(all="ignore"):
+            total = np.asarray(_evaluate_op(p.op, magnitudes, attrs), np.float64)
+        eps = np.finfo(np.asarray(tensors[0]).dtype).eps
+        return (int(k) + 2) * eps * total
+
     def _eval_constructor(self, p):
         op = p.op
         if op == "Mat":
