@@ -54,6 +54,9 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
         "elementwise_gflops": (float, True, "arithmetic rate of elementwise loops, GFLOP/s"),
         "matmul_gflops": (float, True, "MatMul and Gemm rate, GFLOP/s"),
         "conv_gflops": (float, True, "convolution rate, GFLOP/s"),
+        "int8_matmul_gflops": (float, False, "MatMulInteger rate (8-bit products summed in "
+                                             "int32), GOP/s (default matmul_gflops)"),
+        "int8_conv_gflops": (float, False, "ConvInteger rate, GOP/s (default conv_gflops)"),
         "reduction_gflops": (float, True, "rate of row/window kernels (softmax, norms, pools)"),
         "elementwise_op_us": (float, False, "fixed cost of one elementwise (or data movement, "
                                             "view) operation, microseconds (default op_us)"),
@@ -93,7 +96,9 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
 OPTIONAL_TABLES = frozenset({"energy"})
 OBJECTIVES = ("latency", "energy")
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
-RATE_CLASSES = ("elementwise", "matmul", "conv", "reduction")
+RATE_CLASSES = ("elementwise", "matmul", "conv", "reduction", "int8_matmul", "int8_conv")
+# a rate class a cost file may leave out, and the class whose rate it then has
+RATE_DEFAULTS = {"int8_matmul": "matmul", "int8_conv": "conv"}
 BACKENDS_PRICED = ("numpy", "numba")         # what target.backend may say
 
 
@@ -176,8 +181,14 @@ class CostModel:
         """Time to move `nbytes` to or from main memory."""
         return nbytes / (self.bandwidth_gbs * 1e3)
 
+    def rate(self, rate_class: str) -> float:
+        """GFLOP/s of a rate class: its own key, or the one `RATE_DEFAULTS` names."""
+        if rate_class in self.rates_gflops:
+            return self.rates_gflops[rate_class]
+        return self.rates_gflops[RATE_DEFAULTS[rate_class]]
+
     def flops_us(self, flops: float, op: str) -> float:
-        return flops / (self.rates_gflops[_rate_class(op)] * 1e3)
+        return flops / (self.rate(_rate_class(op)) * 1e3)
 
     def element_flops(self, op: str, attrs: tuple = ()) -> float:
         """An element of `op` in Adds: the `Op(attr=value)` entry that its attributes match,
@@ -212,11 +223,13 @@ class CostModel:
                                  f"{', '.join(OBJECTIVES)}")
         onchip = math.inf if self.onchip_bytes is None else self.onchip_bytes
         onchip_bw = self.onchip_bandwidth_gbs or self.bandwidth_gbs
-        op_us = {k: (self.op_us_by_class or {}).get(k, self.op_us) for k in RATE_CLASSES}
+        by_class = self.op_us_by_class or {}
+        op_us = {k: by_class.get(k, by_class.get(RATE_DEFAULTS.get(k, k), self.op_us))
+                 for k in RATE_CLASSES}
         depthwise_rate = self.rates_gflops.get("depthwise", self.rates_gflops["conv"])
         latency = Prices("latency", self.launch_us, op_us, 1 / (self.bandwidth_gbs * 1e3),
                          1 / (onchip_bw * 1e3), onchip,
-                         {k: 1 / (self.rates_gflops[k] * 1e3) for k in RATE_CLASSES},
+                         {k: 1 / (self.rate(k) * 1e3) for k in RATE_CLASSES},
                          self.conv_group_us, 1 / (depthwise_rate * 1e3),
                          _per_byte(self.depthwise_input_gbs), _per_byte(self.epilogue_pass_gbs))
         if objective == "latency":
@@ -246,14 +259,18 @@ def _per_byte(gbs: float | None) -> float:
 
 def is_depthwise(op: str, groups: int, weight_shape: tuple[int, ...] | None) -> bool:
     """A convolution with one input channel per group, over more than one group."""
-    return (op == "Conv" and groups > 1 and weight_shape is not None and len(weight_shape) > 1
+    return (op in ("Conv", "ConvInteger") and groups > 1 and weight_shape is not None and len(weight_shape) > 1
             and weight_shape[1] == 1)
 
 
 def _rate_class(op: str) -> str:
-    if op in ("MatMul", "Gemm", "MatMulInteger"):
+    if op == "MatMulInteger":
+        return "int8_matmul"
+    if op == "ConvInteger":
+        return "int8_conv"
+    if op in ("MatMul", "Gemm"):
         return "matmul"
-    if op in ("Conv", "ConvTranspose", "ConvInteger"):
+    if op in ("Conv", "ConvTranspose"):
         return "conv"
     if OPS[op].kind == "reduction":
         return "reduction"

@@ -446,6 +446,9 @@ def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
         f"elementwise_gflops = {v['elementwise_gflops']}     # Add over an in-cache array",
         f"matmul_gflops = {v['matmul_gflops']}          # {sizes['matmul_gflops']}",
         f"conv_gflops = {v['conv_gflops']}            # {sizes['conv_gflops']}",
+        *([f"int8_matmul_gflops = {v['int8_matmul_gflops']}     # MatMulInteger, the same "
+           "sizes", f"int8_conv_gflops = {v['int8_conv_gflops']}       # ConvInteger, the same "
+           "sizes"] if "int8_matmul_gflops" in v else []),
         f"reduction_gflops = {v['reduction_gflops']}       # ReduceSum over rows of 256",
         f"elementwise_op_us = {v['elementwise_op_us']}      # "
         f"{notes.get('elementwise_op_us', 'one Add on a tiny tensor')}",
@@ -607,7 +610,31 @@ class NumbaCalibration(Calibration):
         return [("memory bandwidth", self.memory), ("launch overhead", self.launch),
                 ("operation overheads", self.overheads), ("elementwise rate", self.elementwise),
                 ("MatMul rate", self.matmul), ("convolution rate", self.conv),
-                ("epilogue pass", self.epilogue), ("reduction rates", self.reduction_table)]
+                ("int8 rates", self.int8), ("epilogue pass", self.epilogue),
+                ("reduction rates", self.reduction_table)]
+
+    def int8(self) -> None:
+        """MatMulInteger and ConvInteger (uint8 activations by constant int8 weights, the
+        integer kernels), on the sizes of the float rates."""
+        rng = np.random.default_rng(0)
+        rates = []
+        for m, k, n in self.MATMUL_SIZES:
+            a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+            b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+            seconds = self.seconds("MatMulInteger", [a, b, None, None], {}, 5, (1,))
+            rates.append(self._rate(seconds, self.fixed("matmul"), 2.0 * m * k * n,
+                                    m * k + k * n + 4.0 * m * n))
+        self.values["int8_matmul_gflops"] = float(np.median(rates))
+        rates = []
+        for channels, size in self.CONV_SIZES:
+            x = rng.integers(0, 256, (1, channels, size, size)).astype(np.uint8)
+            w = rng.integers(-128, 128, (channels, channels, 3, 3)).astype(np.int8)
+            attrs = dict(pads=(1, 1, 1, 1), strides=(1, 1), dilations=(1, 1), group=1)
+            seconds = self.seconds("ConvInteger", [x, w, None, None], attrs, 2, (1,))
+            rates.append(self._rate(seconds, self.fixed("conv"),
+                                    2.0 * channels * size * size * channels * 9,
+                                    2 * x.size + w.size + 4.0 * x.size))
+        self.values["int8_conv_gflops"] = float(np.median(rates))
 
     def epilogue(self) -> None:
         """What an epilogue costs beyond its ops: the pass the kernel makes over a
