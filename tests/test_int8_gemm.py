@@ -77,3 +77,48 @@ def test_matmul_integer_is_one_vnni_kernel_with_its_epilogue(za_input):
     got = compiled.run(feeds)["o"]
     want = _oracle(a.reshape(-1, k), b, za).reshape(2, 6, n).astype(np.float32) * np.float32(0.01)
     np.testing.assert_array_equal(got, want)
+
+
+@needs_vnni
+@pytest.mark.parametrize("case", [
+    # (x dtype, channels in, out, groups, kernel, stride, pads, size)
+    ("uint8", 16, 24, 1, 3, 1, [1, 1, 1, 1], 9),      # 3x3 padded: the padded planes
+    ("uint8", 16, 40, 1, 1, 1, [0, 0, 0, 0], 7),      # 1x1: the image itself
+    ("int8", 8, 16, 1, 3, 2, [1, 0, 2, 1], 11),        # int8 read as uint8 + 128; uneven pads
+    ("uint8", 3, 16, 1, 7, 2, [3, 3, 3, 3], 20),       # a stem: K not a multiple of 4
+    ("uint8", 12, 12, 12, 3, 2, [1, 1, 1, 1], 10),     # depthwise: the float32 kernel, exact
+    ("int8", 8, 8, 2, 3, 1, [1, 1, 1, 1], 6),          # grouped: direct loops
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_numba_conv_integer_is_exact_and_runs_itself(case, threads):
+    """Every ConvInteger path of the Numba backend equals an int64 NumPy oracle bit for bit,
+    with a zero point, at one and two threads, and none falls back to NumPy."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    dtype, cin, cout, groups, k, stride, pads, size = case
+    rng = np.random.default_rng(cin * cout + k)
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max + 1, (2, cin, size, size)).astype(dtype)
+    x[0, 0] = info.max
+    w = rng.integers(-128, 128, (cout, cin // groups, k, k)).astype(np.int8)
+    zx = np.array(info.min + 37, dtype)
+    graph = helper.make_graph(
+        [helper.make_node("ConvInteger", ["x", "w", "zx"], ["y"], pads=pads,
+                          strides=[stride, stride], group=groups)],
+        "ci", [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(x.dtype),
+                                             x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [None] * 4)],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(zx, "zx")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    compiled = ef.compile(model, backend="numba", threads=threads)
+    assert compiled.report.as_dict()["backend_report"]["fallback_kernels"] == []
+    got = compiled.run({"x": x})["y"]
+    d = np.pad(x.astype(np.int64) - int(zx), ((0, 0), (0, 0), (pads[0], pads[2]),
+                                               (pads[1], pads[3])))
+    win = sliding_window_view(d, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]
+    cg, mg = cin // groups, cout // groups
+    want = np.concatenate([np.einsum("ncyxij,mcij->nmyx", win[:, g * cg:(g + 1) * cg],
+                                     w[g * mg:(g + 1) * mg].astype(np.int64))
+                           for g in range(groups)], axis=1)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)

@@ -90,7 +90,7 @@ from ...lowering.layout import Layout
 from ...ops import OPS
 from .cache import default_cache_dir
 from .contraction import gen_conv, gen_matmul
-from .integer import gen_matmul_integer
+from .integer import gen_conv_integer, gen_matmul_integer
 from .elementwise import broadcast_epilogue, gen_elementwise
 from .emitter import Emitter
 from .movement import gen_copy, gen_movement
@@ -161,6 +161,8 @@ def generate(e: Emitter) -> None:
         return None
     if op == "MatMulInteger":
         return gen_matmul_integer(e, a, prologue, epilogue)
+    if op == "ConvInteger":
+        return gen_conv_integer(e, a, prologue, epilogue)
     if op == "Conv":
         gen_conv(e, a, prologue, epilogue)
         if e.pending_broadcast:

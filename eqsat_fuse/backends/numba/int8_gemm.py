@@ -34,8 +34,10 @@ from .packed_gemm import _call_codegen
 
 MR, NR = 8, 32
 SYMBOL = "eqsat_fuse_i8mk"
+SYMBOL_T = "eqsat_fuse_i8mk_t"
 U8_ARRAY = types.Array(types.uint8, 1, "C")
 I8_ARRAY = types.Array(types.int8, 1, "C")
+U = np.uint64          # unsigned indices (see _pack_run)
 I32_ARRAY = types.Array(types.int32, 1, "C")
 
 
@@ -49,15 +51,15 @@ def _vnni() -> bool:
 AVAILABLE = _vnni()
 
 
-def microkernel_ir() -> str:
+def microkernel_ir(symbol: str = "", swapped: bool = False) -> str:
     """`void eqsat_fuse_i8mk(A, B, C, ldc, k4)`: C[i, j] = sum_k A[i, k] B[k, j], i < MR, j < NR,
     A one row tile of `pack_a` (word (kk, i) at A + 4 (kk MR + i)), B one panel of `pack_b`
     (words (kk, j) at B + 4 (kk NR + j)), C int32 with row stride ldc (elements)."""
     acc = [(i, h) for i in range(MR) for h in range(2)]
     lines = [
         "declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)",
-        f"define void @{SYMBOL}(ptr noalias %A, ptr noalias %B, ptr noalias %C, i64 %ldc, "
-        "i64 %k4) #0 {",
+        f"define void @{symbol or SYMBOL}(ptr noalias %A, ptr noalias %B, ptr noalias %C, "
+        "i64 %ldc, i64 %k4) #0 {",
         "entry:", "  br label %k", "k:", "  %kk = phi i64 [0, %entry], [%kk2, %k]"]
     lines += [f"  %c{i}_{h} = phi <16 x i32> [zeroinitializer, %entry], [%n{i}_{h}, %k]"
               for i, h in acc]
@@ -72,18 +74,33 @@ def microkernel_ir() -> str:
                   f"  %as{i} = insertelement <16 x i32> poison, i32 %aw{i}, i64 0",
                   f"  %av{i} = shufflevector <16 x i32> %as{i}, <16 x i32> poison, "
                   "<16 x i32> zeroinitializer"]
-        lines += [f"  %n{i}_{h} = call <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32> "
-                  f"%c{i}_{h}, <16 x i32> %av{i}, <16 x i32> %b{h})" for h in range(2)]
+        # vpdpbusd multiplies unsigned bytes of its second operand by signed bytes of its third
+        for h in range(2):
+            u8, s8 = (f"%b{h}", f"%av{i}") if swapped else (f"%av{i}", f"%b{h}")
+            lines.append(f"  %n{i}_{h} = call <16 x i32> @llvm.x86.avx512.vpdpbusd.512("
+                         f"<16 x i32> %c{i}_{h}, <16 x i32> {u8}, <16 x i32> {s8})")
     lines += ["  %kk2 = add i64 %kk, 1", "  %more = icmp ult i64 %kk2, %k4",
               "  br i1 %more, label %k, label %store", "store:"]
     for i, h in acc:
         lines += [f"  %o{i}_{h} = mul i64 %ldc, {i}", f"  %q{i}_{h} = add i64 %o{i}_{h}, {16 * h}",
                   f"  %cp{i}_{h} = getelementptr i32, ptr %C, i64 %q{i}_{h}",
                   f"  store <16 x i32> %n{i}_{h}, ptr %cp{i}_{h}, align 4"]
-    lines += ["  ret void", "}",
-              'attributes #0 = { nounwind "prefer-vector-width"="512" '
+    lines += ["  ret void", "}"]
+    if symbol:                   # one function of a module that `module_ir` completes
+        return "\n".join(lines[1:])
+    lines += ['attributes #0 = { nounwind "prefer-vector-width"="512" '
               '"min-legal-vector-width"="512" }']
     return "\n".join(lines)
+
+
+def module_ir() -> str:
+    """Both microkernels: `SYMBOL` (A unsigned, B signed) and `SYMBOL_T` (A signed, B
+    unsigned: signed weights as A, unsigned activations as B)."""
+    return "\n".join([
+        "declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)",
+        microkernel_ir(SYMBOL), microkernel_ir(SYMBOL_T, swapped=True),
+        'attributes #0 = { nounwind "prefer-vector-width"="512" '
+        '"min-legal-vector-width"="512" }'])
 
 
 _ENGINE = None
@@ -95,7 +112,7 @@ def ensure_compiled() -> None:
     if _ENGINE is None:
         if not AVAILABLE:
             raise RuntimeError("the int8 GEMM needs AVX-512 VNNI")
-        _ENGINE = load_ir(microkernel_ir(), "int8-microkernel", (SYMBOL,))
+        _ENGINE = load_ir(module_ir(), "int8-microkernel", (SYMBOL, SYMBOL_T))
 
 
 def k_words(k: int) -> int:
@@ -132,6 +149,12 @@ def _tile(typingctx, a, b, c, ldc, k4):
     return types.none(a, b, c, ldc, k4), _call_codegen(SYMBOL, {0, 1, 2})
 
 
+@intrinsic
+def _tile_t(typingctx, a, b, c, ldc, k4):
+    """The swapped-operand microkernel (A signed, B unsigned) on integer addresses."""
+    return types.none(a, b, c, ldc, k4), _call_codegen(SYMBOL_T, {0, 1, 2})
+
+
 _OPTS = dict(cache=True, error_model="numpy")
 
 
@@ -152,26 +175,176 @@ def pack_a(a, a_off, lda, r0, r1, k, out):
 
 
 @njit(**_OPTS)
-def gemm(a, a_off, lda, r0, r1, bp, n, k, c, ldc, ws, colsum, za):
-    """C[r, j] = sum_k (A[r, k] - za) B[k, j] for rows [r0, r1) (and the tile's padding rows
-    after them), every column of whole panels: A uint8 at a[a_off + r lda + k], B packed by
-    `pack_b` (n columns, k rows), C int32 at c[r ldc + j] (ldc = c_cols(n)), ws uint8 of at
-    least `a_workspace(r1 - r0, k)` bytes; colsum B's column sums (c_cols(n) entries), which
-    compensate A's zero point za: sum_k (a - za) b = sum_k a b - za sum_k b."""
+def tiles(ws, rows, bp, n, k, c, c_row, ldc, colsum, za):
+    """C[c_row + r, j] = sum_k (A[r, k] - za) B[k, j] for the rows of A that `ws` holds packed
+    (`pack_a`), every column of whole panels: B packed by `pack_b` (n columns,
+    k rows), C int32 at c[r ldc + j] (ldc = c_cols(n)); colsum B's column sums (c_cols(n)
+    entries), which compensate A's zero point: sum_k (a - za) b = sum_k a b - za sum_k b."""
     k4 = -(-k // 4)
-    pack_a(a, a_off, lda, r0, r1, k, ws)
-    tiles = -(-(r1 - r0) // MR)
+    count = -(-rows // MR)
     for p in range(-(-n // NR)):
         pb = bp.ctypes.data + p * k4 * NR * 4
-        for t in range(tiles):
+        for t in range(count):
             _tile(ws.ctypes.data + t * MR * k4 * 4, pb,
-                  c.ctypes.data + 4 * ((r0 + t * MR) * ldc + p * NR), ldc, k4)
+                  c.ctypes.data + 4 * ((c_row + t * MR) * ldc + p * NR), ldc, k4)
     if za != 0:
         zi = np.int32(za)
-        for r in range(r0, r0 + tiles * MR):
+        for r in range(c_row, c_row + count * MR):
             for j in range(ldc):
                 c[r * ldc + j] -= zi * colsum[j]
 
 
+@njit(**_OPTS)
+def gemm(a, a_off, lda, r0, r1, bp, n, k, c, ldc, ws, colsum, za):
+    """Rows r0 <= r < r1 of C = (A - za) B (`tiles`): A uint8 at a[a_off + r lda + k], ws
+    uint8 of at least `a_workspace(r1 - r0, k)` bytes for its packing."""
+    pack_a(a, a_off, lda, r0, r1, k, ws)
+    tiles(ws, r1 - r0, bp, n, k, c, r0, ldc, colsum, za)
+
+
+@njit(**_OPTS)
+def pad_planes(x, x_off, C, H, W, ph, pw, Hp, Wp, pad, flip, out):
+    """One image's planes padded: out[(c Hp + h) Wp + w] = x[x_off + (c H + h - ph) W + w - pw]
+    inside the image, `pad` (the zero point) around it; with `flip` each byte has its top bit
+    flipped (int8 read as uint8 + 128)."""
+    top = np.uint8(0x80) if flip else np.uint8(0)
+    fill = np.uint8(pad)
+    for c in range(C):
+        for h in range(Hp):
+            dst = U((c * Hp + h) * Wp)
+            if h < ph or h >= ph + H:
+                for w in range(U(Wp)):
+                    out[dst + w] = fill
+                continue
+            src = U(x_off + (c * H + h - ph) * W)
+            for w in range(U(pw)):
+                out[dst + w] = fill
+            for w in range(U(W)):
+                out[dst + U(pw) + w] = x[src + w] ^ top
+            for w in range(U(pw + W), U(Wp)):
+                out[dst + w] = fill
+
+
+@njit(**_OPTS)
+def _pack_run(xs, offs, k, src, sw, b32, dst, run):
+    """Words (kk, dst + j) for j < run of a B panel: 4 consecutive k of the positions
+    src + j sw (one output row), unit stride apart (the common case) or sw. Indices are
+    unsigned (U), so that no negative-index wraparound keeps the loops from vectorizing."""
+    k4 = -(-k // 4)
+    for kk in range(k4):
+        kb = 4 * kk
+        d = U(dst + kk * NR)
+        if kb + 4 <= k:
+            o0, o1 = U(src + offs[kb]), U(src + offs[kb + 1])
+            o2, o3 = U(src + offs[kb + 2]), U(src + offs[kb + 3])
+            if sw == 1:
+                for j in range(U(run)):
+                    b32[d + j] = np.int32(
+                        np.uint32(xs[o0 + j]) | (np.uint32(xs[o1 + j]) << np.uint32(8))
+                        | (np.uint32(xs[o2 + j]) << np.uint32(16))
+                        | (np.uint32(xs[o3 + j]) << np.uint32(24)))
+            else:
+                step = U(sw)
+                for j in range(U(run)):
+                    q = j * step
+                    b32[d + j] = np.int32(
+                        np.uint32(xs[o0 + q]) | (np.uint32(xs[o1 + q]) << np.uint32(8))
+                        | (np.uint32(xs[o2 + q]) << np.uint32(16))
+                        | (np.uint32(xs[o3 + q]) << np.uint32(24)))
+        else:
+            for j in range(run):
+                v = np.uint32(0)
+                for i in range(k - kb):
+                    v |= np.uint32(xs[U(src + offs[kb + i] + j * sw)]) << np.uint32(8 * i)
+                b32[d + U(j)] = np.int32(v)
+
+
+@njit(**_OPTS)
+def conv_columns(xs, offs, k, wsrc, sh, sw, OW, q0, q1, ap, m, rowsum, zx, c, ldc, bws):
+    """Output positions q0 <= q < q1 of a Conv (one group, one image) as c[m ldc + q - q0]
+    int32, exactly: the signed weights are A (packed by `pack_a`, at compile time), the
+    unsigned activations B, read from planes xs in which the input element (k, q) lies at
+    offs[k] + (oh sh) wsrc + ow sw (q = oh OW + ow; k = (channel, tap) in the weights' order),
+    packed here panel by panel into bws (`_pack_run`); the product by the
+    swapped-operand microkernel; then the zero point: sum_k w (x - zx) = sum_k w x - zx
+    rowsum[m]."""
+    k4 = -(-k // 4)
+    n = q1 - q0
+    panels = -(-n // NR)
+    b32 = bws.view(np.int32)
+    for t in range(panels):
+        base = t * k4 * NR
+        j = 0
+        while j < NR:               # the panel's runs of positions on one output row
+            q = q0 + t * NR + j
+            if q >= q1:             # past the last position: zeros
+                for kk in range(k4):
+                    for i in range(j, NR):
+                        b32[base + kk * NR + i] = 0
+                break
+            oh, ow = divmod(q, OW)
+            run = min(NR - j, OW - ow, q1 - q)
+            _pack_run(xs, offs, k, oh * sh * wsrc + ow * sw, sw, b32, base + j, run)
+            j += run
+    for i in range(-(-m // MR)):
+        for t in range(panels):
+            _tile_t(ap.ctypes.data + i * MR * k4 * 4, bws.ctypes.data + t * k4 * NR * 4,
+                    c.ctypes.data + 4 * (i * MR * ldc + t * NR), ldc, k4)
+    if zx != 0:
+        for r in range(m):
+            zs = np.int32(zx * rowsum[r])
+            row = U(r * ldc)
+            for q in range(U(n)):
+                c[row + q] -= zs
+
+
+def conv_a(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Int8 Conv weights [M, C, kh, kw] as `conv_columns`' A (packed rows of M, k in the
+    weights' (channel, tap) order) and their row sums."""
+    m = w.shape[0]
+    rows = np.ascontiguousarray(w.reshape(m, -1))
+    k = rows.shape[1]
+    packed = np.zeros(a_workspace(m, k), np.uint8)
+    pack_a(rows.view(np.uint8).reshape(-1), 0, k, 0, m, k, packed)
+    return packed, rows.astype(np.int64).sum(axis=1).astype(np.int32)
+
+
+@njit(**_OPTS)
+def conv_direct(x, x_off, C, H, W, M, G, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, w, zx, flip,
+                c):
+    """A grouped Conv (one image) by direct loops, exactly: c[(m OH + oh) OW + ow] =
+    sum over its group's channels and taps of (x - zx) w in int32, padding contributing 0;
+    w int8 [M, C/G, kh, kw] flat; with `flip` x is int8 read as uint8 + 128 (zx in that domain)."""
+    cg, mg = C // G, M // G
+    top = np.uint8(0x80) if flip else np.uint8(0)
+    c[:M * OH * OW] = 0
+    for m in range(M):
+        g = m // mg
+        for ci in range(cg):
+            plane = x_off + (g * cg + ci) * H * W
+            for ii in range(kh):
+                for jj in range(kw):
+                    wv = np.int32(w[((m * cg + ci) * kh + ii) * kw + jj])
+                    # the output columns whose input column lies inside the image
+                    lo = max(0, -(-(pw - jj * dw) // sw))
+                    hi = min(OW, (W - 1 + pw - jj * dw) // sw + 1)
+                    for oh in range(OH):
+                        h = oh * sh - ph + ii * dh
+                        if h < 0 or h >= H:
+                            continue
+                        src = plane + h * W - pw + jj * dw
+                        dst = (m * OH + oh) * OW
+                        for ow in range(lo, hi):
+                            c[dst + ow] += (np.int32(x[src + ow * sw] ^ top) - zx) * wv
+
+
 gemm_entry = runtime_entry(gemm, "I8.gemm", [U8_ARRAY, I64, I64, I64, I64, I8_ARRAY, I64, I64,
                                              I32_ARRAY, I64, U8_ARRAY, I32_ARRAY, I64])
+I64_ARRAY = types.Array(types.int64, 1, "C")
+pad_planes_entry = runtime_entry(pad_planes, "I8.pad_planes", [U8_ARRAY] + [I64] * 10 + [U8_ARRAY])
+conv_columns_entry = runtime_entry(
+    conv_columns, "I8.conv_columns",
+    [U8_ARRAY, I64_ARRAY] + [I64] * 7 + [U8_ARRAY, I64, I32_ARRAY, I64, I32_ARRAY, I64,
+                                         U8_ARRAY])
+conv_direct_entry = runtime_entry(conv_direct, "I8.conv_direct",
+                                  [U8_ARRAY] + [I64] * 16 + [I8_ARRAY, I64, I64, I32_ARRAY])
