@@ -412,6 +412,52 @@ for view, node, attrs, shape in [
                 ("DequantizeLinear", ["r", "s", "z"], ["y"], {})],
                {"x": [6, 5]}, {"y": shape}, inits),
          kernel_with("Neg", "QuantizeLinear", "DequantizeLinear"))
+# ---- quant: a contraction of dequantized integers as an integer contraction ----
+I8 = TensorProto.INT8
+
+
+def qdq_contraction(op, per_channel, bias, quantize_out=False):
+    """x -> QuantizeLinear -> DequantizeLinear -> op(., DequantizeLinear(int8 weights), bias),
+    the weights per output channel (axis 0 of Conv weights, 1 of MatMul / Gemm weights) or
+    per tensor, as onnxruntime's quantizer writes them; optionally quantized after."""
+    conv = op == "Conv"
+    # big enough that the integer contraction is the cheaper program under the cpu target
+    wshape, xshape, yshape = ([32, 16, 3, 3], [1, 16, 18, 18], [1, 32, 16, 16]) if conv else \
+        ([256, 64], [64, 256], [64, 64])
+    channels = 32 if conv else 64
+    inits = {"sx": np.array(0.02, F), "zx": np.array(120, np.uint8),
+             "w8": RNG.integers(-127, 128, wshape).astype(np.int8),
+             "sw": (RNG.uniform(0.005, 0.02, channels).astype(F) if per_channel
+                    else np.array(0.01, F)),
+             "zw": np.zeros(channels if per_channel else (), np.int8)}
+    axis = {"axis": 0 if conv else 1} if per_channel else {}
+    nodes = [("QuantizeLinear", ["x", "sx", "zx"], ["q"], {}),
+             ("DequantizeLinear", ["q", "sx", "zx"], ["d"], {}),
+             ("DequantizeLinear", ["w8", "sw", "zw"], ["w"], axis)]
+    inputs = ["d", "w"] + (["b"] if bias else [])
+    if bias:
+        inits["b"] = rand(channels)
+    out = "m" if quantize_out else "y"
+    nodes.append((op, inputs, [out], {"pads": [0] * 4} if conv else {}))
+    outputs = {"y": yshape}
+    if quantize_out:
+        inits.update(sy=np.array(0.05, F), zy=np.array(128, np.uint8))
+        nodes.append(("QuantizeLinear", ["m", "sy", "zy"], ["y"], {}))
+        outputs = {"y": (yshape, U8)}
+    return graph(nodes, {"x": xshape}, outputs, inits)
+
+
+for op, name, bias in [("Conv", "conv", True), ("Conv", "conv-nobias", False),
+                       ("MatMul", "matmul", False), ("Gemm", "gemm", True),
+                       ("Gemm", "gemm-nobias", False)]:
+    anchor = "ConvInteger" if op == "Conv" else "MatMulInteger"
+    for per_channel in (True, False):
+        rule = f"qdq-{name}{'' if per_channel else '-per-tensor'}-integer"
+        if op == "Conv" and not per_channel:
+            rule = f"qdq-conv-per-tensor{'' if bias else '-nobias'}-integer"
+        case(rule, qdq_contraction(op, per_channel, bias), kernel_with(anchor))
+case("qdq-conv-integer", qdq_contraction("Conv", True, True, quantize_out=True),
+     kernel_with("ConvInteger", "QuantizeLinear"))
 case("sibling-conv",
      graph([("Conv", ["x", "w0", "b0"], ["y0"], {"pads": [1] * 4}),
             ("Conv", ["x", "w1", "b1"], ["y1"], {"pads": [1] * 4})],

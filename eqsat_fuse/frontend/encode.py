@@ -194,6 +194,7 @@ def encode(graph: Graph) -> Encoding:
             text = f"(TCons {arg(value)} {text})"
         return text
 
+    dynamic = set(graph.inputs)
     for index, node in enumerate(graph.nodes):
         spec = OPS[node.op]
         arg_sorts, _ = sorts[node.op]
@@ -219,8 +220,11 @@ def encode(graph: Graph) -> Encoding:
             info = graph.values[output]
             lines.extend(_facts(inner, info, codes))
             lines.extend(_facts(outer, info, codes))
-            # import folded every node over constants only: what is left depends on an input
-            lines.append(f"(dynamic {inner})")
+            # import folded the nodes over constants only, but for the DequantizeLinear of
+            # integer weights it keeps (frontend.folding): what is left depends on an input
+            if node.op == "Opaque" or any(v in dynamic for v in node.inputs if v):
+                lines.append(f"(dynamic {inner})")
+                dynamic.add(output)
             value_vars[output] = outer
 
     return Encoding(program="\n".join(lines) + "\n", leaf_keys=leaf_keys, value_vars=value_vars,

@@ -76,6 +76,8 @@ def _fold_shape_computations(proto: onnx.ModelProto, name: str, held: dict[str, 
                 attrs = {a.name: a.i for a in node.attribute}
                 new_values[node.output[0]] = _shape_slice(dims, attrs.get("start", 0),
                                                           attrs.get("end"))
+            elif _kept_weight(node, known):
+                continue
             elif node.input and all(i == "" or i in known or i in new_values for i in node.input):
                 values = {**known, **new_values}
                 inputs = [values[i] if i else None for i in node.input]
@@ -99,6 +101,16 @@ def _fold_shape_computations(proto: onnx.ModelProto, name: str, held: dict[str, 
         # value_info from the last inference may be stale for the folded values: drop it all
         del graph.value_info[:]
     return _timed_infer(proto, name, seconds)
+
+
+def _kept_weight(node: onnx.NodeProto, known: dict[str, np.ndarray]) -> bool:
+    """A DequantizeLinear of 8-bit integer weights (a constant of two dims or more) is kept:
+    the integer contraction rules (`rules/quant.egg`) read the integers, and lowering folds it
+    to floats where the float contraction is chosen instead."""
+    if node.op_type != "DequantizeLinear" or node.input[0] not in known:
+        return False
+    weights = known[node.input[0]]
+    return weights.dtype in (np.int8, np.uint8) and weights.ndim >= 2
 
 
 def fold_node(node: onnx.NodeProto, inputs: list, infos: dict[str, TensorInfo], name: str,

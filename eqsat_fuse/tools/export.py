@@ -506,6 +506,8 @@ class _Exporter:
         elif op == "BatchNormalization":
             emit(op, args, epsilon=float(a["epsilon"]))
         elif op in ("Conv", "ConvInteger"):
+            if op == "ConvInteger":
+                args = _scalar_zero_points(self.constant, scope, node, args)
             emit(op, args, pads=_ints(a["pads"]), strides=_ints(a["strides"]),
                  dilations=_ints(a["dilations"]), group=int(a["group"]))
         elif op == "ConvTranspose":
@@ -738,6 +740,20 @@ class _Exporter:
 
 
 # the term-language ops the export writes as several ONNX ops, and those ops in order
+def _scalar_zero_points(constant: Callable, scope: _Scope, node: BodyNode,
+                        args: list[str]) -> list[str]:
+    """onnxruntime's ConvInteger takes one zero point per tensor: a constant one whose elements
+    are all equal (the per-channel zeros of a quantizer's weights) is written as that one
+    value (`constant`: a folded constant by name)."""
+    args = list(args)
+    for slot in (2, 3):
+        if slot < len(node.args) and node.args[slot].kind == "const":
+            value = np.asarray(constant(node.args[slot].ref))
+            if value.size > 1 and np.all(value == value.reshape(-1)[0]):
+                args[slot] = scope.literal(value.reshape(-1)[0].reshape(()), "zero_point")
+    return args
+
+
 SPELLED_OUT = {
     "DequantizeLinear": ["Cast", "Cast", "Sub", "Cast", "Mul"],
     "QuantizeLinear": ["Div", "Round", "Cast", "Add", "GreaterOrEqual", "Min", "Where", "Cast"],
