@@ -161,17 +161,32 @@ _OPTS = dict(cache=True, error_model="numpy")
 @njit(**_OPTS)
 def pack_a(a, a_off, lda, r0, r1, k, out):
     """Rows [r0, r1) of A (a[a_off + r lda + j], uint8) into row tiles of MR rows, zero-padded:
-    out[4 (t MR k4 + kk MR + i) + q] = A[r0 + t MR + i, 4 kk + q]."""
+    out[4 (t MR k4 + kk MR + i) + q] = A[r0 + t MR + i, 4 kk + q]. A word (4 bytes of a row) at
+    a time, indices unsigned (U) so that the row's loop vectorizes."""
     k4 = -(-k // 4)
+    full = k // 4
     m = r1 - r0
+    o = out.view(np.int32)
     for t in range(-(-m // MR)):
         for i in range(MR):
             r = r0 + t * MR + i
-            for kk in range(k4):
-                base = 4 * (t * MR * k4 + kk * MR + i)
-                for q in range(4):
-                    j = 4 * kk + q
-                    out[base + q] = a[a_off + r * lda + j] if r < r1 and j < k else np.uint8(0)
+            dst = U(t * MR * k4 + i)
+            if r >= r1:
+                for kk in range(U(k4)):
+                    o[dst + kk * U(MR)] = 0
+                continue
+            src = U(a_off + r * lda)
+            for kk in range(U(full)):
+                j = src + U(4) * kk
+                o[dst + kk * U(MR)] = np.int32(
+                    np.uint32(a[j]) | (np.uint32(a[j + U(1)]) << np.uint32(8))
+                    | (np.uint32(a[j + U(2)]) << np.uint32(16))
+                    | (np.uint32(a[j + U(3)]) << np.uint32(24)))
+            if full < k4:
+                v = np.uint32(0)
+                for q in range(k - 4 * full):
+                    v |= np.uint32(a[src + U(4 * full + q)]) << np.uint32(8 * q)
+                o[dst + U(full * MR)] = np.int32(v)
 
 
 @njit(**_OPTS)
