@@ -19,8 +19,8 @@ Accuracy, over 8 seeded inputs: the largest difference of the first output from 
 (the QDQ semantics op by op) for eqsat-fuse (`ef-none`) and for ORT_ENABLE_ALL (`all-none`),
 the output's magnitude, and how often the top-1 class (argmax) agrees with ORT_DISABLE_ALL.
 Memory: bytes of weights (initializers) of each file, the constants eqsat-fuse's compiled int8
-program holds (`ef consts`: today the weights dequantized to float32 at import), and its peak
-arena for int8 and float.
+program holds (`ef consts`: int8 weights where integer kernels read them, floats where a float
+contraction or a Gather reads dequantized ones), and its peak arena for int8 and float.
 
 `--threads N` pins onnxruntime's intra-op threads, eqsat-fuse's `threads=` and the BLAS/OpenMP
 pools to N (default 1); `--threads default` leaves every runtime at its own default.

@@ -412,6 +412,13 @@ for view, node, attrs, shape in [
                 ("DequantizeLinear", ["r", "s", "z"], ["y"], {})],
                {"x": [6, 5]}, {"y": shape}, inits),
          kernel_with("Neg", "QuantizeLinear", "DequantizeLinear"))
+case("dequantize-after-gather",   # a quantized embedding table: rows gathered as integers
+     graph([("DequantizeLinear", ["t", "s", "z"], ["d"], {}),
+            ("Gather", ["d", "ids"], ["g"], {"axis": 0}), ("Relu", ["g"], ["y"], {})],
+           {"ids": ([4, 64], TensorProto.INT64)}, {"y": [4, 64, 256]},
+           {**qdq_params(), "t": RNG.integers(0, 256, (500, 256)).astype(np.uint8)}),
+     kernel_with("DequantizeLinear", "Relu"),
+     feeds={"ids": RNG.integers(0, 500, (4, 64)).astype(np.int64)})
 # ---- quant: a contraction of dequantized integers as an integer contraction ----
 I8 = TensorProto.INT8
 
