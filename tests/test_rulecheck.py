@@ -68,6 +68,11 @@ WRONG_RULES = {
                                             "requantized by another scale"),
     "quantize_before_reshape_per_axis.egg": ("wrong-quantize-before-reshape-per-axis",
                                              "a per-axis scale moved through a Reshape"),
+    # integer contractions (rules/quant.egg): the contraction bound and the tie allowance
+    "conv_integer_other_zero_point.egg": ("wrong-conv-integer-no-weight-zero-point",
+                                          "the weights' zero point dropped"),
+    "quantize_integer_half_step.egg": ("wrong-quantize-integer-half-step",
+                                       "requantized half a step off, not at ties"),
 }
 
 # Of those, the structural facts (no tensor to show): what their reason must name instead of a
@@ -481,3 +486,16 @@ def test_check_rules_is_exported():
         check_rules(examples=0)
     np.testing.assert_equal(len(ef.check_rules([WRONG / "fuse_sub_swapped.egg"],
                                                examples=5).unsound), 1)
+
+
+def test_a_quantized_result_may_differ_by_one_step_only_at_a_tie():
+    """The checker's allowance for a quantization of a rounded argument (`report._off_tie`):
+    one step where the exact argument may lie on either side of k + 1/2, nothing else."""
+    from eqsat_fuse.checking.report import _off_tie
+
+    value = np.array([2.5, 2.5, 3.2, 3.2])               # argument / scale, scale 1
+    slack = np.array([1e-6, 1e-6, 1e-6, 1e-6])
+    scale = np.array(1.0)
+    assert not _off_tie(np.array([2, 3, 3, 3]), np.array([3, 2, 3, 3]), (value, slack, scale))
+    assert _off_tie(np.array([2, 2, 4, 3]), np.array([2, 2, 3, 3]), (value, slack, scale))
+    assert _off_tie(np.array([1, 2, 3, 3]), np.array([3, 2, 3, 3]), (value, slack, scale))

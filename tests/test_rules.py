@@ -465,6 +465,10 @@ for op, name, bias in [("Conv", "conv", True), ("Conv", "conv-nobias", False),
         case(rule, qdq_contraction(op, per_channel, bias), kernel_with(anchor))
 case("qdq-conv-integer", qdq_contraction("Conv", True, True, quantize_out=True),
      kernel_with("ConvInteger", "QuantizeLinear"))
+case("quantize-integer-contraction", qdq_contraction("MatMul", True, False, quantize_out=True),
+     kernel_with("MatMulInteger", "QuantizeLinear"))
+case("quantize-integer-contraction-bias", qdq_contraction("Conv", False, True, quantize_out=True),
+     kernel_with("ConvInteger", "QuantizeLinear"))
 case("sibling-conv",
      graph([("Conv", ["x", "w0", "b0"], ["y0"], {"pads": [1] * 4}),
             ("Conv", ["x", "w1", "b1"], ["y1"], {"pads": [1] * 4})],

@@ -180,6 +180,21 @@ def _compare(lv, rv, exact: bool = True, zero_signs: bool = True, slack=None):
     return (None, float(diff.reshape(-1)[k]), float(allowed.reshape(-1)[k]), index)
 
 
+def _off_tie(lv, rv, quantized) -> bool:
+    """Whether integer results lv and rv differ other than by one step where the quantized
+    value's exact argument may lie on either side of a rounding tie: `quantized` is (the
+    argument's value, how far it may be from the exact one, the scale), from
+    `_Sample.quantization_slack`."""
+    value, slack, scale = quantized
+    diff = np.abs(np.asarray(lv, np.int64) - np.asarray(rv, np.int64))
+    with np.errstate(all="ignore"):
+        a = (value.astype(np.float64) - slack) / scale.astype(np.float64)
+        b = (value.astype(np.float64) + slack) / scale.astype(np.float64)
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    tie = np.floor(hi - 0.5) >= np.ceil(lo - 0.5)        # some k + 1/2 in [lo, hi]
+    return bool(np.any((diff > 1) | ((diff == 1) & ~np.broadcast_to(tie, diff.shape))))
+
+
 def _scalar(x) -> str:
     return f"{float(x):.6g}" if np.asarray(x).dtype.kind == "f" else str(x)
 

@@ -63,7 +63,7 @@ from .patterns import (Call, Check, Condition, Eq, Lit, Pattern, Rule, Var, _dec
 from .primitives import (FACT_FUNCTIONS, _PRIMS, VALUE_RELATIONS, _NoFact, _render_value,
                          _Unbound, _Unsupported, _values_equal, value_relation_holds)
 from .report import (_NOT_FINITE, CheckReport, Counterexample, RuleResult, _compare, _finite,
-                     _summary)
+                     _off_tie, _summary)
 from .sample import ASSUMPTIONS, _Plan, _Reject, _Sample
 
 # the pattern names stay importable from here, where they were defined before the split
@@ -290,6 +290,10 @@ def _run(s: _Sample, plan: _Plan):
                 if slack is None and kind == "union":
                     slack = s.contraction_slack(b)
                 bad = _compare(lv, rv, plan.exact, s.edges, slack)
+                if bad is not None and bad[0] is None and kind == "union":
+                    quantized = s.quantization_slack(a) or s.quantization_slack(b)
+                    if quantized is not None and not _off_tie(lv, rv, quantized):
+                        bad = None
             if bad is None:
                 continue
             error, diff, tol, index = bad

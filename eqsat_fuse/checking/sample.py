@@ -557,6 +557,36 @@ class _Sample:
         eps = np.finfo(np.asarray(tensors[0]).dtype).eps
         return (int(k) + 2) * eps * total
 
+    def quantization_slack(self, p):
+        """For a side whose root is a QuantizeLinear of a float contraction or of a Cast to a
+        narrower float: (its argument's value, how far that value may lie from the exact one
+        (the contraction bound; the Cast's rounding), the scale); None for any other side. A
+        quantized element whose exact value is that close to a rounding tie may round either
+        way (docs/numerics.md)."""
+        while isinstance(p, Call) and p.op == "Mat":
+            p = p.args[0]
+        if not isinstance(p, Call) or p.op != "QuantizeLinear":
+            return None
+        x = p.args[0]
+        while isinstance(x, Call) and x.op == "Mat":
+            x = x.args[0]
+        if not isinstance(x, Call):
+            return None
+        value = np.asarray(self.eval(x))
+        if value.dtype.kind != "f":
+            return None
+        if x.op == "Cast":
+            wide = np.asarray(self.eval(x.args[0]))
+            if wide.dtype.kind != "f" or wide.dtype.itemsize <= value.dtype.itemsize:
+                return None
+            with np.errstate(all="ignore"):
+                slack = np.abs(value.astype(np.float64) - wide.astype(np.float64))
+        else:
+            slack = self.contraction_slack(x)
+            if slack is None:
+                return None
+        return value, slack, np.asarray(self.eval(p.args[1]))
+
     def _eval_constructor(self, p):
         op = p.op
         if op == "Mat":
