@@ -423,7 +423,7 @@ case("dequantize-after-gather",   # a quantized embedding table: rows gathered a
 I8 = TensorProto.INT8
 
 
-def qdq_contraction(op, per_channel, bias, quantize_out=False):
+def qdq_contraction(op, per_channel, bias, quantize_out=False, trans_b=False):
     """x -> QuantizeLinear -> DequantizeLinear -> op(., DequantizeLinear(int8 weights), bias),
     the weights per output channel (axis 0 of Conv weights, 1 of MatMul / Gemm weights) or
     per tensor, as onnxruntime's quantizer writes them; optionally quantized after."""
@@ -432,12 +432,14 @@ def qdq_contraction(op, per_channel, bias, quantize_out=False):
     wshape, xshape, yshape = ([32, 16, 3, 3], [1, 16, 18, 18], [1, 32, 16, 16]) if conv else \
         ([256, 64], [64, 256], [64, 64])
     channels = 32 if conv else 64
+    if trans_b:                     # a classifier head: weights [N, K], per row (axis 0)
+        wshape = [64, 256]
     inits = {"sx": np.array(0.02, F), "zx": np.array(120, np.uint8),
              "w8": RNG.integers(-127, 128, wshape).astype(np.int8),
              "sw": (RNG.uniform(0.005, 0.02, channels).astype(F) if per_channel
                     else np.array(0.01, F)),
              "zw": np.zeros(channels if per_channel else (), np.int8)}
-    axis = {"axis": 0 if conv else 1} if per_channel else {}
+    axis = {"axis": 0 if conv or trans_b else 1} if per_channel else {}
     nodes = [("QuantizeLinear", ["x", "sx", "zx"], ["q"], {}),
              ("DequantizeLinear", ["q", "sx", "zx"], ["d"], {}),
              ("DequantizeLinear", ["w8", "sw", "zw"], ["w"], axis)]
@@ -445,7 +447,8 @@ def qdq_contraction(op, per_channel, bias, quantize_out=False):
     if bias:
         inits["b"] = rand(channels)
     out = "m" if quantize_out else "y"
-    nodes.append((op, inputs, [out], {"pads": [0] * 4} if conv else {}))
+    nodes.append((op, inputs, [out], {"pads": [0] * 4} if conv else
+                  {"transB": 1} if trans_b else {}))
     outputs = {"y": yshape}
     if quantize_out:
         inits.update(sy=np.array(0.05, F), zy=np.array(128, np.uint8))
@@ -465,6 +468,9 @@ for op, name, bias in [("Conv", "conv", True), ("Conv", "conv-nobias", False),
         case(rule, qdq_contraction(op, per_channel, bias), kernel_with(anchor))
 case("qdq-conv-integer", qdq_contraction("Conv", True, True, quantize_out=True),
      kernel_with("ConvInteger", "QuantizeLinear"))
+for per_channel in (True, False):
+    case(f"qdq-gemm-transb{'' if per_channel else '-per-tensor'}-integer",
+         qdq_contraction("Gemm", per_channel, True, trans_b=True), kernel_with("MatMulInteger"))
 case("quantize-integer-contraction", qdq_contraction("MatMul", True, False, quantize_out=True),
      kernel_with("MatMulInteger", "QuantizeLinear"))
 case("quantize-integer-contraction-bias", qdq_contraction("Conv", False, True, quantize_out=True),

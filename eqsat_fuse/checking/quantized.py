@@ -3,7 +3,7 @@ value, integer accumulation and then the requantization in float64, rounded half
 
 A QDQ contraction, as onnxruntime's quantizer writes it, is
 ``QuantizeLinear(op(DequantizeLinear(xq), DequantizeLinear(wq), b), sy, zy)`` with `op` a Conv,
-MatMul or Gemm (no transposes, alpha = beta = 1) and `wq` 8-bit integer weights, per tensor or
+MatMul or Gemm (alpha = beta = 1, A not transposed) and `wq` 8-bit integer weights, per tensor or
 per output channel. Its exact value (issue 18) is
 
     acc = sum (xq - zx) (wq - zw)                       (integers, exact)
@@ -71,7 +71,7 @@ def find_contractions(model: onnx.ModelProto) -> list[Contraction]:
         if node.op_type not in ("Conv", "MatMul", "Gemm"):
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type == "Gemm" and (attrs.get("transA", 0) or attrs.get("transB", 0) or
+        if node.op_type == "Gemm" and (attrs.get("transA", 0) or
                                        attrs.get("alpha", 1.0) != 1.0 or
                                        attrs.get("beta", 1.0) != 1.0):
             continue
@@ -133,6 +133,8 @@ def exact_output(c: Contraction, xq: np.ndarray) -> tuple[np.ndarray, np.ndarray
         scale = scale.reshape(-1, 1, 1) if scale.ndim else scale
         bias = p["b"].astype(np.float64).reshape(-1, 1, 1) if "b" in p else None
     else:
+        if p["attrs"].get("transB", 0):          # B^T [N, K]: its per-row parameters too
+            w, scale = w.T, scale.T
         acc = x @ w
         bias = p["b"].astype(np.float64) if "b" in p else None
     y = acc.astype(np.float64) * scale + 0.0
