@@ -13,10 +13,17 @@ product or sum rounds or saturates (int32 wraps only past 2^31, beyond any K und
 - C is written whole tiles at a time: the caller's C has rows and columns padded to MR and NR
   (`c_rows`, `c_cols`).
 
-Measured on this machine (bench/vnni_probe.py, one thread, A's packing included): 199-218
-GMAC/s at BERT-base shapes (128 x 768 x 3072 and back), 74-88 at tall, narrow ResNet-like
-shapes where packing A byte by byte dominates, against 43-57 for the float32 packed GEMM
-(`packed_gemm.py`) on the same shapes.
+A Conv (`conv_columns`) runs the other way round, on a second microkernel whose operands are
+swapped (`SYMBOL_T`: A signed, B unsigned): the signed weights are A, packed once (`conv_a`),
+and the unsigned activations B, packed panel by panel straight from the image or its
+zero-point-padded copy (`pad_planes`), so C comes out channels x positions, as the epilogue
+writes it, and the zero point is one row sum per channel. Grouped Convs run by direct loops
+(`conv_direct`).
+
+Measured on this machine (bench/vnni_probe.py, one thread, A's packing included, before A was
+packed a word at a time): 199-218 GMAC/s at BERT-base shapes (128 x 768 x 3072 and back), 74-88
+at tall, narrow ResNet-like shapes where packing A byte by byte dominated, against 43-57 for the
+float32 packed GEMM (`packed_gemm.py`) on the same shapes.
 The IR is compiled and cached like that GEMM's (`cache.load_ir`); `AVAILABLE` is False on a CPU
 without VNNI, where integer contractions run through the NumPy fallback.
 """
