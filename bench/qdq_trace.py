@@ -32,10 +32,11 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnx.version_converter  # noqa: E402
 import onnxruntime as ort  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper, shape_inference  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import eqsat_fuse as ef  # noqa: E402
+from eqsat_fuse.checking.quantized import traced as expose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "models"))
@@ -46,19 +47,14 @@ NEAR_TIE = 1e-3   # in steps: above a float32 sum's rounding, far below a wrong 
 
 
 def traced(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], dict[str, tuple]]:
-    """The model with every QuantizeLinear output a graph output; those names in graph order,
-    and each one's (x, scale) input names."""
-    model = shape_inference.infer_shapes(model)
-    types = {vi.name: vi for vi in [*model.graph.value_info, *model.graph.output]}
-    outputs = {o.name for o in model.graph.output}
+    """The model with every QuantizeLinear output a graph output (`checking.quantized.traced`);
+    those names in graph order, and each one's (x, scale) input names."""
     names, args = [], {}
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear":
             names.append(node.output[0])
             args[node.output[0]] = (node.input[0], node.input[1])
-            if node.output[0] not in outputs:
-                model.graph.output.append(types[node.output[0]])
-    return model, names, args
+    return expose(model, names), names, args
 
 
 def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
