@@ -41,6 +41,14 @@ def _zero_point(e: Emitter, a: int, slot: int) -> tuple[np.ndarray | None, str]:
     return None, f"np.int64({e.load_expr(t, str(t.layout.offset))})"
 
 
+def _require_zero_weight_point(e: Emitter, a: int) -> None:
+    """The weights' zero point (slot 3) must be absent or zeros: the kernels compensate only
+    the activations' one."""
+    zw, source = _zero_point(e, a, 3)
+    if source != "0" and (zw is None or np.any(zw != 0)):
+        raise Unsupported("weights with a zero point")
+
+
 def gen_matmul_integer(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> None:
     """MatMulInteger: A [..., K] uint8 (batch folded into rows) times constant B [K, N] int8
     into int32 tiles, then the epilogue over the rows."""
@@ -57,9 +65,7 @@ def gen_matmul_integer(e: Emitter, a: int, prologue: list[int], epilogue: list[i
             len(ta.layout.shape) < 2 or not ta.layout.contiguous:
         raise Unsupported("MatMulInteger other than activations by constant weights")
     _, za = _zero_point(e, a, 2)
-    zb, zb_source = _zero_point(e, a, 3)
-    if zb_source != "0" and (zb is None or np.any(zb != 0)):
-        raise Unsupported("weights with a zero point")
+    _require_zero_weight_point(e, a)
     k, n = tb.layout.shape
     rows = int(np.prod(ta.layout.shape[:-1]))
     if tuple(e.kernel.info.shape) != (*ta.layout.shape[:-1], n):
@@ -128,9 +134,7 @@ def gen_conv_integer(e: Emitter, a: int, prologue: list[int], epilogue: list[int
             not tx.layout.contiguous:
         raise Unsupported("ConvInteger other than a 2-D one by constant weights")
     zx, zx_source = _zero_point(e, a, 2)
-    zw, zw_source = _zero_point(e, a, 3)
-    if zw_source != "0" and (zw is None or np.any(zw != 0)):
-        raise Unsupported("weights with a zero point")
+    _require_zero_weight_point(e, a)
     flip = tx.dtype == "int8"
     if flip:                            # x - zx = (x + 128) - (zx + 128)
         zx_source = f"({zx_source} + 128)"
