@@ -3,7 +3,7 @@ program segments (one compiled call per run of kernels), output buffers reused a
 (`run(feeds, out=...)`), convolutions (the packed microkernel over row offsets, and the
 BLAS paths of other CPUs: im2col, shifted GEMMs, depthwise), strided batched MatMul without packing,
 data movement kernels (Gather, Concat, Pad, copies of views), pooling whose window is larger
-than its input, and row reductions (Softmax, LayerNorm, ReduceMean) in lanes."""
+than its input, and row reductions (Softmax, LayerNorm, ReduceMean, ReduceMax / ReduceMin) in lanes."""
 
 from __future__ import annotations
 
@@ -353,6 +353,50 @@ def test_row_reductions_in_lanes(cols, kernel_cache, rng):
                        {"g": rng.uniform(0.5, 1.5, cols).astype(np.float32),
                         "b": rng.normal(0, 0.1, cols).astype(np.float32)})
     _check(_compile(model, kernel_cache))
+
+
+@pytest.mark.parametrize("shape,axes,keepdims,prologue", [
+    ((3, 4, 17), [-1], 1, False), ((2, 5, 7, 9), [2, 3], 1, False),
+    ((2, 3, 150, 150), [0, 1, 2, 3], 0, False), ((3, 4, 17), [-1], 1, True),
+    ((1, 40000), [0, 1], 0, True)])       # a whole tensor in three chunks of the row buffer
+def test_max_and_min_reductions_compile_with_their_epilogues(shape, axes, keepdims, prologue,
+                                                             kernel_cache, rng):
+    """ReduceMax / ReduceMin (what DynamicQuantizeLinear's range is) are compiled reductions
+    with the scalar arithmetic after them fused in (and an elementwise producer before them),
+    and equal NumPy's exactly, NaN and infinities included."""
+    x = "x"
+    nodes = []
+    if prologue:
+        nodes.append(helper.make_node("Mul", ["x", "three"], ["x3"]))
+        x = "x3"
+    nodes += [helper.make_node("ReduceMax", [x], ["mx"], axes=axes, keepdims=keepdims),
+             helper.make_node("Relu", ["mx"], ["hi"]),
+             helper.make_node("ReduceMin", [x], ["mn"], axes=axes, keepdims=keepdims),
+             helper.make_node("Neg", ["mn"], ["nm"]),
+             helper.make_node("Relu", ["nm"], ["lo"])]
+    out = [1 if i in [a % len(shape) for a in axes] else d for i, d in enumerate(shape)]
+    if not keepdims:
+        out = [d for i, d in enumerate(shape) if i not in [a % len(shape) for a in axes]]
+    model = make_model(nodes, [("x", list(shape))], [("hi", out), ("lo", out)],
+                       {"three": np.array(3.0, np.float32)})
+    program = _compile(model, kernel_cache, threads=2)
+    _check(program)
+    kernels = sorted(k.ops for k in program.plan.kernels if k.kind == "compute")
+    pro = ["Mul"] if prologue else []
+    assert kernels == [pro + ["ReduceMax", "Relu"], pro + ["ReduceMin", "Neg", "Relu"]], kernels
+    reference = ef.compile(model, backend="numpy")
+    for special in ([], [np.nan], [-np.inf, np.inf]):
+        x = rng.standard_normal(shape).astype(np.float32)
+        if special:
+            spots = rng.integers(0, 200, shape)
+            for i, v in enumerate(special):
+                x[spots == i] = v
+        want, got = reference.run({"x": x}), program.run({"x": x})
+        for name in ("hi", "lo"):
+            np.testing.assert_array_equal(got[name], want[name])
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[-1] = np.nan                      # in the last chunk only
+    assert np.isnan(program.run({"x": x})["hi"]).any()
 
 
 def _lane_order(x, step, init):

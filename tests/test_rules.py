@@ -285,7 +285,7 @@ case("fuse-layernorm-prologue",
             ("LayerNormalization", ["p", "g", "b"], ["y"], {"axis": -1})],
            {"x": [4, 6], "z": [4, 6]}, {"y": [4, 6]}, {"g": rand(6), "b": rand(6)}),
      kernel_with("Add", "LayerNormalization"))
-for op in ("ReduceMean", "ReduceSum"):
+for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
     case(f"fuse-{op.lower()}-prologue",
          graph([("Neg", ["x"], ["p"], {}), (op, ["p", "a"], ["y"], {})], {"x": [4, 6]},
                {"y": [4, 1]}, {"a": np.array([1], np.int64)}, opset=18), kernel_with("Neg", op))

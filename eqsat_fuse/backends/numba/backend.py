@@ -57,9 +57,9 @@ Kernel families:
   or ranges of positions (positions x channels) among the threads in one parallel region, each part with its own scratch;
 - Softmax and LayerNormalization: one row at a time, prologue (the fused elementwise input),
   the row statistics in 16 independent lanes (a vectorized reduction without reassociation)
-  and the epilogue; ReduceMean/ReduceSum over trailing axes (an epilogue that reads the
-  reduced input or a prologue value, x - mean(x) or Softmax written out, runs per element of
-  the row after its sum), pooling (2-D); with more than one thread and 64K elements or more
+  and the epilogue; ReduceMean/ReduceSum/ReduceMax/ReduceMin over trailing axes (an
+  epilogue that reads the reduced input or a prologue value, x - mean(x) or Softmax written
+  out, runs per element of the row after its sum), pooling (2-D); with more than one thread and 64K elements or more
   the rows are shared among the threads in ranges (`rows.share_rows`);
 - data movement (Concat, Gather, constant Pad, views that strides cannot express) as
   generated strided copies.
@@ -170,7 +170,7 @@ def generate(e: Emitter) -> None:
         return None
     if op in ("Softmax", "LayerNormalization"):
         return gen_rows(e, a, prologue, epilogue)
-    if op in ("ReduceMean", "ReduceSum", "GlobalAveragePool"):
+    if op in ("ReduceMean", "ReduceSum", "GlobalAveragePool", "ReduceMax", "ReduceMin"):
         return gen_reduce(e, a, prologue, epilogue)
     if op in ("MaxPool", "AveragePool"):
         return gen_pool(e, a, prologue, epilogue)

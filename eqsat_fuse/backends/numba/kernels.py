@@ -18,8 +18,8 @@ from numba.extending import intrinsic
 from ...numerics import RUNTIME_FASTMATH
 from .approx import exp_f32, f16_to_f32
 from .calls import F32_ARRAY, I64, runtime_entry
-from .vectors import (LANES, lane_max, lane_sum, lane_sumsq, tap_max1, tap_max2, tap_sums1,
-                      tap_sums4, transpose16)
+from .vectors import (LANES, lane_max, lane_min, lane_sum, lane_sumsq, tap_max1, tap_max2,
+                      tap_sums1, tap_sums4, transpose16)
 
 U = np.uint64        # unsigned indices: Numba adds no negative-index wraparound, loops vectorize
 # The hand-written runtime is compiled once for both numerics modes
@@ -689,6 +689,19 @@ def row_max(row, n):
     for c in range(full, n):
         v = row[U(c)]
         best = v if (v > best or v != v) else best
+    return best
+
+
+@njit(**_OPTS)
+def row_min(row, n):
+    """min(row[:n]) of a contiguous row, in 16 lanes (+inf for an empty row; NaN if any
+    element is NaN)."""
+    wide_vectors()
+    full = n - n % LANES
+    best = lane_min(row.ctypes.data, full // LANES, np.float32(0))
+    for c in range(full, n):
+        v = row[U(c)]
+        best = v if (v < best or v != v) else best
     return best
 
 

@@ -1,7 +1,7 @@
 """The row family: Softmax and LayerNormalization one row at a time (the prologue's row into
-a workspace row, its statistics in 16 lanes, then the epilogue), ReduceMean/ReduceSum over
-trailing axes (the sum in lanes, an epilogue per row or per element of the row), and 2-D
-pooling (`K.pool2d`, then the epilogue)."""
+a workspace row, its statistics in 16 lanes, then the epilogue), ReduceMean/ReduceSum and
+ReduceMax/ReduceMin over trailing axes (the sum or the extreme in lanes, an epilogue per row or
+per element of the row), and 2-D pooling (`K.pool2d`, then the epilogue)."""
 
 from __future__ import annotations
 
@@ -165,8 +165,9 @@ def row_vector(e: Emitter, arg: Operand, cols_shape) -> str:
 
 
 def gen_reduce(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> None:
-    """ReduceMean/ReduceSum/GlobalAveragePool over trailing axes: each row's sum in lanes, then
-    the epilogue, once per row or per element of the row (x - mean(x))."""
+    """ReduceMean/ReduceSum/GlobalAveragePool/ReduceMax/ReduceMin over trailing axes: each
+    row's sum or extreme in lanes, then the epilogue, once per row or per element of the row
+    (x - mean(x))."""
     node = e.body[a]
     code = e.code
     x_arg = node.args[0]
@@ -228,9 +229,24 @@ def gen_reduce(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> 
                            hoist_e)
     last = values_e[e.root]
     parts = row_parts(e, R, R * C)
-    row0 = row_buffer(e, C, parts) if C <= ROW_FOLD_MAX else None
-    start = len(code.lines)
-    _lane_sum(code.lines, hoist, pro, xval, mean, row0)
+    if node.op in ("ReduceMax", "ReduceMin"):
+        fold = "K.row_max" if node.op == "ReduceMax" else "K.row_min"
+        t = e.tensor(x_arg) if x_arg.kind != "node" else None
+        if t is not None and t.layout.contiguous and t.stored == t.dtype == "float32" \
+                and tuple(t.layout.shape) == tuple(in_shape):
+            X = e.f32_input(t, "X")        # read in place: no prologue, nothing broadcast
+            start = len(code.lines)
+            code.lines.append("for r in range(R):")
+            code.lines.append(f"    y = {fold}({X}[r * C:], C)")
+        else:
+            chunk = min(C, ROW_FOLD_MAX)
+            row0 = row_buffer(e, chunk, parts)
+            start = len(code.lines)
+            _lane_extreme(code.lines, hoist, pro, xval, fold, row0, code.int_param(chunk))
+    else:
+        row0 = row_buffer(e, C, parts) if C <= ROW_FOLD_MAX else None
+        start = len(code.lines)
+        _lane_sum(code.lines, hoist, pro, xval, mean, row0)
     code.lines += ["    " + h for h in hoist_e]
     if per_row:
         code.lines += epi
@@ -253,6 +269,27 @@ def _reduced_axes(node: BodyNode, rank: int) -> tuple[tuple[int, ...], bool]:
 
 
 ROW_FOLD_MAX = 16384     # columns up to which a reduction's row goes through a row buffer
+
+
+def _lane_extreme(lines: list[str], hoist: list[str], pro: list[str], xval: str, fold: str,
+                  row0: str, chunk: str) -> None:
+    """The loop over rows opening with each row's largest (or smallest) value of `xval` into
+    y: chunks of the row go through a row buffer that `fold` (`K.row_max`, `K.row_min`) folds
+    in lanes in registers; a NaN anywhere gives NaN, as NumPy's."""
+    lines.append(f"CH = {chunk}")
+    lines.append(f"ROW = WS[{row0}:{row0} + CH]")
+    lines.append("for r in range(R):")
+    lines += ["    " + h for h in hoist]
+    lines.append("    y = F32(np.nan)")
+    lines.append("    for c0 in range(0, C, CH):")
+    lines.append("        n = min(CH, C - c0)")
+    lines.append("        for cc in range(n):")
+    lines.append("            c = c0 + cc")
+    lines += pro
+    lines.append(f"            ROW[U(cc)] = {xval}")
+    lines.append(f"        v = {fold}(ROW, n)")
+    lines.append("        y = v if (c0 == 0 or v != v) else "
+                 f"({'max' if fold.endswith('max') else 'min'}(y, v) if y == y else y)")
 
 
 def _lane_sum(lines: list[str], hoist: list[str], pro: list[str], xval: str,
