@@ -311,6 +311,28 @@ def test_pooling_matches_onnxruntime(op, attrs, kernel_cache, rng):
     _check(_compile(model, kernel_cache))
 
 
+@pytest.mark.parametrize("dtype", [TensorProto.UINT8, TensorProto.INT8])
+def test_max_pool_of_8_bit_integers_is_compiled(dtype, kernel_cache, rng):
+    """A QOperator model max-pools its uint8 tensors directly: compiled (on exact float32
+    copies of the integers), equal to onnxruntime, extremes included."""
+    import onnx
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                            pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info(
+        "x", dtype, [2, 5, 15, 17])], [helper.make_empty_tensor_value_info("y")])
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    program = _compile(model, kernel_cache)
+    _check(program)
+    np_dtype = np.uint8 if dtype == TensorProto.UINT8 else np.int8
+    info = np.iinfo(np_dtype)
+    x = rng.integers(info.min, info.max + 1, (2, 5, 15, 17)).astype(np_dtype)
+    x[0, 0] = info.min
+    got = program.run({"x": x})["y"]
+    assert got.dtype == np_dtype
+    np.testing.assert_array_equal(got, ef.compile(model, backend="numpy").run({"x": x})["y"])
+
+
 @pytest.mark.parametrize("attrs", [
     dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),         # ResNet's stem
     dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),

@@ -329,14 +329,30 @@ def _lane_sum(lines: list[str], hoist: list[str], pro: list[str], xval: str,
     lines.append("    y = s / F32(C)" if mean else "    y = s")
 
 
+def _widened_bytes(e: Emitter, t) -> str:
+    """Code making X a float32 copy of the 8-bit integer tensor t (every value exact): the
+    max of a window of integers is the max of their floats (a QOperator model's MaxPool)."""
+    if not t.layout.contiguous:
+        raise Unsupported("MaxPool of strided integers")
+    code = e.code
+    n = code.int_param(t.layout.size)
+    ws = e.alloc(t.layout.size)
+    arr = e.storage_array(t)
+    code.lines.append(f"X = WS[{ws}:{ws} + {n}]")
+    code.lines.append(f"for i in range({n}):")
+    code.lines.append(f"    X[U(i)] = F32({arr}[U({code.int_param(t.layout.offset)} + i)])")
+    return "X"
+
+
 def gen_pool(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> None:
     node = e.body[a]
     code = e.code
     if prologue:
         raise Unsupported("pool with a prologue")
     tx = e.anchor_tensor(a, 0)
-    if len(tx.layout.shape) != 4 or tx.dtype != "float32":
-        raise Unsupported("pooling that is not 2-D float32")
+    small_ints = tx.dtype in ("uint8", "int8") and node.op == "MaxPool"
+    if len(tx.layout.shape) != 4 or (tx.dtype != "float32" and not small_ints):
+        raise Unsupported("pooling that is not 2-D float32 (or MaxPool of 8-bit integers)")
     from ..numpy.pooling import _pool_geometry
     attrs = node.attrs
     N, C, H, W = tx.layout.shape
@@ -351,7 +367,7 @@ def gen_pool(e: Emitter, a: int, prologue: list[int], epilogue: list[int]) -> No
     lines_epi, space = e.emit_epilogue(a, epilogue, out_shape, 2, "r * EC + c", "", acc)
     if space.cols != OH * OW:
         raise Unsupported("pool epilogue columns")
-    X = e.f32_input(tx, "X")
+    X = _widened_bytes(e, tx) if small_ints else e.f32_input(tx, "X")
     is_max = node.op == "MaxPool"
     include = bool(attrs.get("count_include_pad", 0))
     geo = [N * C, H, W, ks[0], ks[1], st[0], st[1], pb[0], pb[1], pe[0], pe[1], dil[0],
