@@ -1,5 +1,6 @@
 """Quantized models end to end (issue 18): the project's float test models quantized by
-onnxruntime's own tool (`tests/models/quantize_models.py`), compiled on both backends.
+onnxruntime's own tool (`tests/models/quantize_models.py`: QDQ, QOperator and dynamic),
+compiled on both backends.
 
 A QDQ model's QuantizeLinear and DequantizeLinear are covered operators: they fuse into the
 kernels around them instead of running through `onnx.reference`, so the quantized model has
@@ -22,14 +23,18 @@ import pytest
 from onnx import numpy_helper
 
 import eqsat_fuse as ef
+from eqsat_fuse.frontend.qoperator import FORMS as QOPERATOR_FORMS
 from eqsat_fuse.lowering.lower import BACKENDS
 
 MODELS = Path(__file__).resolve().parent / "models"
 sys.path.insert(0, str(MODELS))
 from quantize_models import MODELS as QUANTIZED, sample_inputs  # noqa: E402
 
-QDQ = sorted(n for n, (_, form) in QUANTIZED.items() if form == "qdq")
+# static quantization, as QDQ and as QOperator (QLinearConv...) models
+QDQ = sorted(n for n, (_, form) in QUANTIZED.items() if form in ("qdq", "qop"))
 DYNAMIC = sorted(n for n, (_, form) in QUANTIZED.items() if form == "dynq")
+QUANTIZATION_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                    "ConvInteger", "QLinearConcat"} | {op for _, op in QOPERATOR_FORMS}
 # a flipped rounding at one QuantizeLinear moves the output by a few of its steps at most
 STEPS = 4
 
@@ -62,7 +67,7 @@ def test_qdq_model_fuses_its_quantization_and_matches_onnxruntime(name, backend)
     path = MODELS / f"{name}.onnx"
     float_path = MODELS / f"{QUANTIZED[name][0]}.onnx"
     compiled = ef.compile(path, backend=backend)
-    assert not {"QuantizeLinear", "DequantizeLinear"} & set(compiled.report.opaque_ops)
+    assert not QUANTIZATION_OPS & set(compiled.report.opaque_ops)
     float_kernels = _compute_kernels(ef.compile(float_path, backend="numpy"))
     # an integer contraction reads its operand as integers, which some consumers then also
     # need as floats: a few kernels more than the float model, at most a fifth more

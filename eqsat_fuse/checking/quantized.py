@@ -27,6 +27,8 @@ import onnx
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import helper, numpy_helper, shape_inference
 
+from ..frontend.qoperator import qdq_model
+
 
 @dataclass
 class Contraction:
@@ -59,7 +61,9 @@ def _axis_param(value: np.ndarray, axis: int | None, rank: int) -> np.ndarray:
 
 
 def find_contractions(model: onnx.ModelProto) -> list[Contraction]:
-    """The QDQ contractions of `model` (its initializers give the constants)."""
+    """The QDQ contractions of `model` (its initializers give the constants; a QOperator
+    node, QLinearConv..., is read in its QDQ form, `frontend.qoperator`)."""
+    model = qdq_model(model)
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
     consumers: dict[str, list] = {}
@@ -94,8 +98,9 @@ def find_contractions(model: onnx.ModelProto) -> list[Contraction]:
                 params["b"] = inits[bias].astype(np.float32)
             elif producer.get(bias) is not None and producer[bias].op_type == "DequantizeLinear":
                 db = producer[bias]
+                zero = inits[db.input[2]] if len(db.input) > 2 and db.input[2] else 0
                 params["b"] = ((inits[db.input[0]].astype(np.int64) -
-                                inits[db.input[2]].astype(np.int64)).astype(np.float32) *
+                                np.asarray(zero).astype(np.int64)).astype(np.float32) *
                                inits[db.input[1]])
             else:
                 continue
@@ -160,7 +165,9 @@ def traced(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
 def exactness(model: onnx.ModelProto, compile_fn, feeds: list[dict]) -> Exactness:
     """Compile `model` with every QDQ contraction's input and output integers as outputs
     (`compile_fn(model)` -> a compiled program), run it on `feeds` and compare each
-    contraction's output with `exact_output` of its input."""
+    contraction's output with `exact_output` of its input (a QOperator model in its QDQ
+    form)."""
+    model = qdq_model(model)
     contractions = find_contractions(model)
     inputs = {i.name for i in model.graph.input}
     names = sorted({c.output for c in contractions} |

@@ -4,7 +4,9 @@ What happens, in order:
 1. read the file (external data only from inside the model's folder; never for a model given
    in memory), hold its big tensors aside, refuse cycles, undefined values and nodes that
    overwrite inputs, run the checker;
-2. upgrade the default-domain opset to `CANONICAL_OPSET` with onnx's version converter;
+2. write the nodes of a QOperator-format quantized model (QLinearConv, com.microsoft's
+   QLinearAdd...) as the QDQ graphs they define (`qoperator`), then upgrade the
+   default-domain opset to `CANONICAL_OPSET` with onnx's version converter;
 3. fix the input shapes (from the file or from `input_shapes=`) and refuse symbolic dims;
 4. fold the shape computations: nodes whose inputs are all constant (or `Shape` of a value whose
    shape is static) are evaluated once with `onnx.reference`, so that ONNX shape inference can
@@ -44,6 +46,7 @@ from ..signature import Signature
 from .folding import MAX_FOLDED_BYTES, _constant_node_value, _fold_shape_computations
 from .normalize import FAN_IN, MAX_INPUTS, _Context, _normalize, _split_wide
 from .protos import is_held
+from .qoperator import as_qdq
 from .reading import _check_topology, _read
 from .symbolic import has_open_dims, infer_symbolic
 from .shapes import (MAX_TENSOR_BYTES, _refuse_huge, _require_static, _resize_error,
@@ -124,6 +127,7 @@ def _import_model(model: str | Path | onnx.ModelProto,
         _check(proto, name)
     file_nodes = len(proto.graph.node)
     with _timed(seconds, "convert"):
+        as_qdq(proto, held)             # QOperator nodes as their DequantizeLinear ... forms
         proto = _to_canonical(proto, source_opset, name)
     # The opset the nodes now follow: CANONICAL_OPSET, or a newer one that could not be taken
     # down (Opaque nodes must then run under it, e.g. Cast's round_mode exists from opset 24).

@@ -10,6 +10,8 @@ Two forms, as users get them from `onnxruntime.quantization`:
 - `<model>_qdq.onnx`: static quantization in QDQ format (QuantizeLinear / DequantizeLinear
   around the float ops), int8 weights per channel, uint8 activations, calibrated (MinMax) on
   eight inputs drawn from a fixed seed;
+- `<model>_qop.onnx`: the same static quantization in QOperator format (QLinearConv and
+  onnxruntime's com.microsoft QLinearAdd, QLinearGlobalAveragePool, QGemm);
 - `<model>_dynq.onnx`: dynamic quantization (DynamicQuantizeLinear, MatMulInteger /
   ConvInteger), int8 weights per channel.
 
@@ -40,6 +42,8 @@ MODELS = {
     "resnet_tiny_op17_qdq": ("resnet_tiny_op17", "qdq"),
     "mobilenetv2_tiny_op17_qdq": ("mobilenetv2_tiny_op17", "qdq"),
     "bert_tiny_op17_qdq": ("bert_tiny_op17", "qdq"),
+    "resnet_tiny_op17_qop": ("resnet_tiny_op17", "qop"),
+    "mobilenetv2_tiny_op17_qop": ("mobilenetv2_tiny_op17", "qop"),
     "resnet_tiny_op17_dynq": ("resnet_tiny_op17", "dynq"),
     "bert_tiny_op17_dynq": ("bert_tiny_op17", "dynq"),
 }
@@ -77,9 +81,10 @@ def quantize_file(src: Path, out: Path, form: str) -> Path:
         warnings.simplefilter("ignore")
         pre = Path(tmp) / "pre.onnx"
         quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
-        if form == "qdq":
+        if form in ("qdq", "qop"):
             quantize_static(str(pre), str(out), _Reader(sample_inputs(src, 8)),
-                            quant_format=QuantFormat.QDQ, per_channel=True,
+                            quant_format=QuantFormat.QDQ if form == "qdq" else
+                            QuantFormat.QOperator, per_channel=True,
                             weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
         elif form == "dynq":
             quantize_dynamic(str(pre), str(out), weight_type=QuantType.QInt8, per_channel=True)
