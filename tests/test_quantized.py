@@ -257,3 +257,33 @@ def test_per_axis_quantization_is_one_broadcast_operator():
         np.testing.assert_array_equal(got["q"][finite], want[0][finite])
         np.testing.assert_array_equal(got["y"][finite], want[1][finite])
         assert got["q"][~finite].tolist() == [0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_requantization_is_exact_where_float32_would_round_a_near_tie_the_wrong_way(backend):
+    """An integer kernel requantizes in float32 and redoes, in float64, each block of columns
+    holding a value near a rounding tie (`backends/numba/requantize.py`). With these scales,
+    250 * sx * sw / sy = 73.49999855: float32 makes it 73.5, which rounds to 74; the exact
+    value is 73. Every output equals the float64 requantization."""
+    from onnx import TensorProto, helper
+
+    sx, sw, sy = np.float32(0.079181425), np.float32(0.09418808), np.float32(0.025367165)
+    x = np.arange(256, dtype=np.uint8).reshape(4, 64)
+    t64 = x.astype(np.float64) * (np.float64(sx) * np.float64(sw)) / np.float64(sy)
+    naive = np.rint(x.astype(np.float32) * np.float32(np.float64(sx) * sw / np.float64(sy)))
+    assert (naive != np.rint(t64)).any()                # the case this test is about
+    inits = {"sx": sx, "zx": np.uint8(0), "w": np.eye(64, dtype=np.int8), "sw": sw,
+             "zw": np.int8(0), "sy": sy, "zy": np.uint8(0)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"]),
+             helper.make_node("MatMul", ["xf", "wf"], ["yf"]),
+             helper.make_node("QuantizeLinear", ["yf", "sy", "zy"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "near-tie", [helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [4, 64])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = ef.compile(model, backend=backend)
+    assert any("MatMulInteger" in k.ops for k in compiled.plan.kernels)
+    got = np.asarray(compiled.run({"x": x})["y"])
+    np.testing.assert_array_equal(got, np.clip(np.rint(t64), 0, 255).astype(np.uint8))

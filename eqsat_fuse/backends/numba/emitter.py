@@ -19,6 +19,7 @@ from ...graphs import postorder, reachable
 from ...ir import BodyNode, Kernel, Operand
 from ...lowering.layout import Layout, apply_view, layout_of, probe
 from ...ops import OPS
+from .requantize import fast_requantization
 from .scalars import compute_dtype, literal, node_dtypes, scalar_expr
 from .source import ModuleSource
 from .spaces import (Space, Tensor, Unsupported, broadcast_layout, col_stride, column_split,
@@ -308,8 +309,14 @@ class Emitter:
         last = values[epilogue[-1]] if epilogue else "acc_v"
         lines = [f"{indent}for r in range(r0, r1):"]
         lines += [f"{indent}    {h}" for h in hoist]
+        acc_load = f"acc_v = {acc_name}[U({acc_index})]"
+        # an integer sum requantized to 8 bits: in float32, exactly (`requantize`)
+        fast = fast_requantization(self, a, epilogue, uses, space, hoist, inner, last, indent,
+                                   acc_load, "r * EC + c", cols)
+        if fast is not None:
+            return lines[:1] + [f"{indent}    {h}" for h in hoist] + fast, space
         lines.append(f"{indent}    for c in range({cols[0]}, {cols[1]}):")
-        lines.append(f"{indent}        acc_v = {acc_name}[U({acc_index})]")
+        lines.append(f"{indent}        {acc_load}")
         lines += inner
         lines.append(f"{indent}        out[U(r * EC + c)] = {self.store_expr(last)}")
         return lines, space
