@@ -1,12 +1,13 @@
 """Quantized models: eqsat-fuse (Numba) against onnxruntime on the same int8 file, beside the
 float model (issue 18).
 
-    .venv/bin/python bench/int8.py [--threads N | --threads default] [--forms qdq,dynq]
+    .venv/bin/python bench/int8.py [--threads N | --threads default] [--forms qdq,dynq,qop]
                                    [--out DIR] FLOAT_MODEL.onnx ...
 
 Each float model is quantized by onnxruntime's own tool (tests/models/quantize_models.py:
 static QDQ per channel, uint8 activations calibrated on eight seeded inputs; dynamic with
-MatMulInteger / ConvInteger) into DIR (default /tmp/eqsat-fuse-int8; reused when there). Then,
+MatMulInteger / ConvInteger; `qop`, on request: the static quantization in QOperator format,
+QLinearConv and onnxruntime's com.microsoft QLinear operators) into DIR (default /tmp/eqsat-fuse-int8; reused when there). Then,
 timed round-robin in blocks (bench/_common.py `measure`; each runtime alone in its block, after
 a pause), medians:
 
