@@ -401,11 +401,13 @@ def _conv_bias(e: Emitter, a: int, node: BodyNode, M: int, epi_nodes: list[int])
 
 
 def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[str],
-                   gexpr: str) -> None:
+                   gexpr: str, stage=None) -> None:
     """A depthwise Conv as direct loops (`K.depthwise2d`: channel-blocked vector sums) over
     blocks of channels, each block's epilogue right after it. With more than one thread and
     enough work the blocks are shared among the threads (`conv_parts`), each with its own
-    padded-plane scratch."""
+    padded-plane scratch. `stage(indent, block)`, when given, writes the lines that fill XB
+    with the float32 planes of channels m0..m1 before each block (ConvInteger's x - zx), and
+    the block reads them from there; else it reads X."""
     from .kernels import DW_LANES, depthwise_pad_size, dw_blocked
     code = e.code
     P = g.OH * g.OW
@@ -423,6 +425,10 @@ def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[st
     pad = e.alloc(pad_size * parts)
     padn = code.int_param(pad_size)
     code.lines.append(f"PADS = WS[{pad}:{pad} + {code.int_param(pad_size * parts)}]")
+    if stage is not None:
+        planes = block * g.H * g.W
+        xb = e.alloc(planes * parts)
+        code.lines.append(f"XBS = WS[{xb}:{xb} + {code.int_param(planes * parts)}]")
     code.lines.append(f"BC = {code.int_param(block)}")
     code.lines.append("for n in range(NB):")
     if parts == 1:
@@ -437,8 +443,15 @@ def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[st
         code.lines.append("            m0 = bi * BC")
         scratch, ind = f"PADS[p * {padn}:(p + 1) * {padn}]", "            "
     code.lines.append(f"{ind}m1 = min(m0 + BC, MO)")
-    code.lines.append(f"{ind}K.depthwise2d_entry((X, n * CI * HW, {wname}, {gexpr}, m0, m1, "
-                      f"{scratch}, {acc}, (n * MO + m0) * EC))")
+    source, offset = "X", "n * CI * HW"
+    if stage is not None:
+        planes = code.int_param(block * g.H * g.W)
+        code.lines.append(f"{ind}XB = XBS[{'p * ' + planes if parts > 1 else '0'}:"
+                          f"{'(p + 1) * ' if parts > 1 else ''}{planes}]")
+        code.lines += stage(ind)
+        source, offset = "XB", "-m0 * HW"          # channel m0 at XB[0]
+    code.lines.append(f"{ind}K.depthwise2d_entry(({source}, {offset}, {wname}, {gexpr}, m0, "
+                      f"m1, {scratch}, {acc}, (n * MO + m0) * EC))")
     code.lines.append(f"{ind}r0 = n * MO + m0")
     code.lines.append(f"{ind}r1 = n * MO + m1")
     code.lines += [ind + line for line in lines_epi]
