@@ -80,6 +80,7 @@ def test_a_com_microsoft_qlinear_operator_runs_covered_and_matches_onnxruntime(o
     model = CASES[op]()
     compiled = ef.compile(model, backend=backend)
     assert compiled.report.opaque_ops == [], compiled.report.summary()
+    assert [n.op_type for n in model.graph.node] == [op]      # the caller's model as it was
     feeds = {i.name: rng.integers(0, 256, [d.dim_value for d in i.type.tensor_type.shape.dim]
                                   ).astype(np.uint8) for i in model.graph.input}
     got = np.asarray(compiled.run(feeds)["y"]).astype(np.int64)

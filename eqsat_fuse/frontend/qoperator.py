@@ -71,7 +71,7 @@ class _Keep(Exception):
 def as_qdq(proto: onnx.ModelProto, held: dict[str, np.ndarray]) -> int:
     """Rewrite every QOperator node of `proto`'s graph as its QDQ form, in place; the number of
     nodes rewritten."""
-    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     graph = proto.graph
     if not any((n.domain if n.domain != "ai.onnx" else "", n.op_type) in FORMS
                or (n.domain == MS and n.op_type == "QLinearConcat") for n in graph.node):
