@@ -87,7 +87,8 @@ def test_matmul_integer_is_one_vnni_kernel_with_its_epilogue(za_input):
     ("int8", 8, 16, 1, 3, 2, [1, 0, 2, 1], 11),        # int8 read as uint8 + 128; uneven pads
     ("uint8", 3, 16, 1, 7, 2, [3, 3, 3, 3], 20),       # a stem: K not a multiple of 4
     ("uint8", 12, 12, 12, 3, 2, [1, 1, 1, 1], 10),     # depthwise: the float32 kernel, exact
-    ("int8", 16, 16, 16, 3, 1, [1, 1, 1, 1], 70),      # depthwise, its x - zx pass threaded
+    ("int8", 16, 16, 16, 3, 1, [1, 1, 1, 1], 70),      # depthwise, blocks made x - zx by threads
+    ("uint8", 128, 256, 1, 1, 1, [0, 0, 0, 0], 7),     # a 7 x 7 plane: its 49 positions split
     ("int8", 8, 8, 2, 3, 1, [1, 1, 1, 1], 6),          # grouped: direct loops
 ])
 @pytest.mark.parametrize("threads", [1, 2])

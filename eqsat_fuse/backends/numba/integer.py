@@ -237,6 +237,10 @@ def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_sour
     k4, rows = -(-K // 4), -(-M // I8.MR) * I8.MR
     panels = max(1, min((1 << 18) // (4 * k4 * I8.NR), (1 << 19) // (4 * rows * I8.NR)))
     block = min(panels * I8.NR, -(-P // I8.NR) * I8.NR)
+    threads = e.backend.threads
+    if conv_parts(e, N * M * K * P, threads) > 1 and -(-P // block) < threads:
+        # fewer chunks than threads (a 14 x 14 or 7 x 7 plane): chunks of a thread's share
+        block = max(I8.NR, -(-(-(-P // threads)) // I8.NR) * I8.NR)
     nchunks = -(-P // block)
     # threads share an image's chunks of positions, each with its own B and C workspace
     parts = conv_parts(e, N * M * K * P, nchunks)
