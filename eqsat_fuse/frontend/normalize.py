@@ -19,6 +19,16 @@ from ..ops import OPS
 from .protos import _attrs, _np_dtype, _str
 
 
+def fresh_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base'1`, `base'2`... : the first that is not in `taken` (then added to it)."""
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}'{n}"
+    taken.add(name)
+    return name
+
+
 class _Context:
     """What a normalizer may look at: static infos, constant values, and the node at hand."""
 
@@ -32,11 +42,7 @@ class _Context:
 
     def fresh(self, base: str, info: TensorInfo) -> str:
         """A value name no tensor of the model uses (the model's names are arbitrary strings)."""
-        name, n = base, 0
-        while name in self.taken:
-            n += 1
-            name = f"{base}'{n}"
-        self.taken.add(name)
+        name = fresh_name(base, self.taken)
         self.infos[name] = info
         return name
 

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .normalize import fresh_name
 from .protos import is_held
 
 MS = "com.microsoft"
@@ -135,12 +136,7 @@ class _Values:
         return self.value(name).ndim
 
     def fresh(self, base: str) -> str:
-        name, n = base, 0
-        while name in self.taken:
-            n += 1
-            name = f"{base}'{n}"
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken)
 
     def constant(self, base: str, value: np.ndarray) -> str:
         name = self.fresh(base)

@@ -680,29 +680,31 @@ LANES = 16
 
 
 @njit(**_OPTS)
-def row_max(row, n):
-    """max(row[:n]) of a contiguous row, in 16 lanes (-inf for an empty row; NaN if any
-    element is NaN)."""
+def _row_extreme(row, n, largest):
+    """max (largest) or min of row[:n], contiguous, in 16 lanes (-inf / +inf for an empty row;
+    NaN if any element is NaN)."""
     wide_vectors()
     full = n - n % LANES
-    best = lane_max(row.ctypes.data, full // LANES, np.float32(0))
+    if largest:
+        best = lane_max(row.ctypes.data, full // LANES, np.float32(0))
+    else:
+        best = lane_min(row.ctypes.data, full // LANES, np.float32(0))
     for c in range(full, n):
         v = row[U(c)]
-        best = v if (v > best or v != v) else best
+        best = v if ((v > best if largest else v < best) or v != v) else best
     return best
 
 
 @njit(**_OPTS)
+def row_max(row, n):
+    """max(row[:n]) of a contiguous row (`_row_extreme`)."""
+    return _row_extreme(row, n, True)
+
+
+@njit(**_OPTS)
 def row_min(row, n):
-    """min(row[:n]) of a contiguous row, in 16 lanes (+inf for an empty row; NaN if any
-    element is NaN)."""
-    wide_vectors()
-    full = n - n % LANES
-    best = lane_min(row.ctypes.data, full // LANES, np.float32(0))
-    for c in range(full, n):
-        v = row[U(c)]
-        best = v if (v < best or v != v) else best
-    return best
+    """min(row[:n]) of a contiguous row (`_row_extreme`)."""
+    return _row_extreme(row, n, False)
 
 
 @njit(**_OPTS)
