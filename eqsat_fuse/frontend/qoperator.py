@@ -74,8 +74,7 @@ def as_qdq(proto: onnx.ModelProto, held: dict[str, np.ndarray]) -> int:
     nodes rewritten."""
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     graph = proto.graph
-    if not any((n.domain if n.domain != "ai.onnx" else "", n.op_type) in FORMS
-               or (n.domain == MS and n.op_type == "QLinearConcat") for n in graph.node):
+    if not _has_qoperator(graph):
         return 0
     values = _Values(graph, held)
     nodes, rewritten = [], 0
@@ -100,8 +99,16 @@ def as_qdq(proto: onnx.ModelProto, held: dict[str, np.ndarray]) -> int:
     return rewritten
 
 
+def _has_qoperator(graph: onnx.GraphProto) -> bool:
+    return any((n.domain if n.domain != "ai.onnx" else "", n.op_type) in FORMS
+               or (n.domain == MS and n.op_type == "QLinearConcat") for n in graph.node)
+
+
 def qdq_model(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of an in-memory `model` with its QOperator nodes in QDQ form (`as_qdq`)."""
+    """An in-memory `model` with its QOperator nodes in QDQ form (`as_qdq`): a copy, or
+    `model` itself when it has none (a QDQ model's weights are not copied)."""
+    if not _has_qoperator(model.graph):
+        return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     as_qdq(copy, {})
@@ -149,20 +156,26 @@ def _slot(node: onnx.NodeProto, i: int) -> str:
     return node.input[i] if i < len(node.input) else ""
 
 
-def _dequantize(node, values: _Values, opset: int, q: str, scale: str, zero: str, axis: int,
-                tag: str) -> tuple[str, onnx.NodeProto]:
-    """A DequantizeLinear of `q`: per axis `axis` when its scale is 1-D (not before opset 13)."""
+def _linear(op: str, node, values: _Values, opset: int, x: str, scale: str, zero: str,
+            out: str, axis: int, tag: str) -> onnx.NodeProto:
+    """A QuantizeLinear or DequantizeLinear (`op`) of x into `out`: per axis `axis` when its
+    scale is 1-D (not before opset 13, where these have no axis)."""
     per_axis = values.rank(scale) == 1
     if per_axis and opset < 13:
         raise _Keep
+    return helper.make_node(op, [x, scale] + ([zero] if zero else []), [out],
+                            name=f"{node.name or node.op_type}::{tag}",
+                            **({"axis": axis} if per_axis else {}))
+
+
+def _dequantize(node, values: _Values, opset: int, q: str, scale: str, zero: str, axis: int,
+                tag: str) -> tuple[str, onnx.NodeProto]:
+    """A DequantizeLinear of `q` into a new value (`_linear`)."""
     out = values.fresh(f"{node.output[0]}::{tag}")
-    attrs = {"axis": axis} if per_axis else {}
-    inputs = [q, scale] + ([zero] if zero else [])
-    return out, helper.make_node("DequantizeLinear", inputs, [out],
-                                 name=f"{node.name or node.op_type}::{tag}", **attrs)
+    return out, _linear("DequantizeLinear", node, values, opset, q, scale, zero, out, axis, tag)
 
 
-def _axes(form: _Form, node: onnx.NodeProto, values: _Values) -> list[int]:
+def _axes(form: _Form, node: onnx.NodeProto) -> list[int]:
     """The axis of a per-axis scale of each quantized input: the weights' output channels
     (Conv: 0; MatMul: the last; Gemm: 0 or 1 by transB), rows otherwise."""
     if form.op == "Conv":
@@ -187,7 +200,7 @@ def _expand(node: onnx.NodeProto, form: _Form, values: _Values, opset: int
         if version < 13 and axis != -1:
             raise _Keep
     out_nodes, floats = [], []
-    for k, ((q, s, z), axis) in enumerate(zip(form.quantized, _axes(form, node, values))):
+    for k, ((q, s, z), axis) in enumerate(zip(form.quantized, _axes(form, node))):
         f, dq = _dequantize(node, values, opset, _slot(node, q), _slot(node, s),
                             _slot(node, z), axis, f"dq{k}")
         floats.append(f)
@@ -208,13 +221,8 @@ def _expand(node: onnx.NodeProto, form: _Form, values: _Values, opset: int
     out_nodes.append(float_node)
     if result != y:
         s, z = (_slot(node, i) for i in form.output)
-        axis = -2 if form.op == "MatMul" else 1
-        per_axis = values.rank(s) == 1
-        if per_axis and opset < 13:
-            raise _Keep
-        out_nodes.append(helper.make_node(
-            "QuantizeLinear", [result, s] + ([z] if z else []), [y],
-            name=f"{node.name or node.op_type}::q", **({"axis": axis} if per_axis else {})))
+        out_nodes.append(_linear("QuantizeLinear", node, values, opset, result, s, z, y,
+                                 -2 if form.op == "MatMul" else 1, "q"))
     return out_nodes
 
 
@@ -253,6 +261,6 @@ def _concat(node: onnx.NodeProto, values: _Values, opset: int) -> list[onnx.Node
     out_nodes.append(concat)
     if values.rank(inputs[0]) != 0:
         raise _Keep
-    out_nodes.append(helper.make_node("QuantizeLinear", [result, inputs[0], inputs[1]], [y],
-                                      name=f"{node.name or 'QLinearConcat'}::q"))
+    out_nodes.append(_linear("QuantizeLinear", node, values, opset, result, inputs[0],
+                             inputs[1], y, 1, "q"))
     return out_nodes
