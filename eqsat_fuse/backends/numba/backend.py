@@ -59,8 +59,9 @@ Kernel families:
   the row statistics in 16 independent lanes (a vectorized reduction without reassociation)
   and the epilogue; ReduceMean/ReduceSum/ReduceMax/ReduceMin over trailing axes (an
   epilogue that reads the reduced input or a prologue value, x - mean(x) or Softmax written
-  out, runs per element of the row after its sum), pooling (2-D); with more than one thread and 64K elements or more
-  the rows are shared among the threads in ranges (`rows.share_rows`);
+  out, runs per element of the row after its sum), pooling (2-D); with more than one thread
+  and 64K elements or more the rows are shared among the threads in ranges
+  (`rows.share_rows`);
 - data movement (Concat, Gather, constant Pad, views that strides cannot express) as
   generated strided copies.
 

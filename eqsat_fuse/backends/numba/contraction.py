@@ -405,7 +405,7 @@ def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[st
     """A depthwise Conv as direct loops (`K.depthwise2d`: channel-blocked vector sums) over
     blocks of channels, each block's epilogue right after it. With more than one thread and
     enough work the blocks are shared among the threads (`conv_parts`), each with its own
-    padded-plane scratch. `stage(indent, block)`, when given, writes the lines that fill XB
+    padded-plane scratch. `stage(indent)`, when given, writes the lines that fill XB
     with the float32 planes of channels m0..m1 before each block (ConvInteger's x - zx), and
     the block reads them from there; else it reads X."""
     from .kernels import DW_LANES, depthwise_pad_size, dw_blocked

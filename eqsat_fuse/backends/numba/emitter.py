@@ -307,14 +307,14 @@ class Emitter:
         inner = self.emit_nodes(epilogue, uses, space, values, indent + "        ", "r", "c",
                                 hoist)
         last = values[epilogue[-1]] if epilogue else "acc_v"
-        lines = [f"{indent}for r in range(r0, r1):"]
-        lines += [f"{indent}    {h}" for h in hoist]
         acc_load = f"acc_v = {acc_name}[U({acc_index})]"
         # an integer sum requantized to 8 bits: in float32, exactly (`requantize`)
         fast = fast_requantization(self, a, epilogue, uses, space, hoist, inner, last, indent,
                                    acc_load, "r * EC + c", cols)
+        lines = [f"{indent}for r in range(r0, r1):"]
+        lines += [f"{indent}    {h}" for h in hoist]
         if fast is not None:
-            return lines[:1] + [f"{indent}    {h}" for h in hoist] + fast, space
+            return lines + fast, space
         lines.append(f"{indent}    for c in range({cols[0]}, {cols[1]}):")
         lines.append(f"{indent}        {acc_load}")
         lines += inner

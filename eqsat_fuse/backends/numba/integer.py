@@ -240,7 +240,8 @@ def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_sour
     threads = e.backend.threads
     if conv_parts(e, N * M * K * P, threads) > 1 and -(-P // block) < threads:
         # fewer chunks than threads (a 14 x 14 or 7 x 7 plane): chunks of a thread's share
-        block = max(I8.NR, -(-(-(-P // threads)) // I8.NR) * I8.NR)
+        share = -(-P // threads)
+        block = max(I8.NR, -(-share // I8.NR) * I8.NR)
     nchunks = -(-P // block)
     # threads share an image's chunks of positions, each with its own B and C workspace
     parts = conv_parts(e, N * M * K * P, nchunks)

@@ -280,7 +280,8 @@ def _lane_extreme(lines: list[str], hoist: list[str], pro: list[str], xval: str,
     lines.append(f"ROW = WS[{row0}:{row0} + CH]")
     lines.append("for r in range(R):")
     lines += ["    " + h for h in hoist]
-    lines.append("    y = F32(np.nan)")
+    smallest = fold.endswith("min")
+    lines.append(f"    y = {'' if smallest else '-'}F32(np.inf)")
     lines.append("    for c0 in range(0, C, CH):")
     lines.append("        n = min(CH, C - c0)")
     lines.append("        for cc in range(n):")
@@ -288,8 +289,7 @@ def _lane_extreme(lines: list[str], hoist: list[str], pro: list[str], xval: str,
     lines += pro
     lines.append(f"            ROW[U(cc)] = {xval}")
     lines.append(f"        v = {fold}(ROW, n)")
-    lines.append("        y = v if (c0 == 0 or v != v) else "
-                 f"({'max' if fold.endswith('max') else 'min'}(y, v) if y == y else y)")
+    lines.append(f"        y = v if (v {'<' if smallest else '>'} y or v != v) else y")
 
 
 def _lane_sum(lines: list[str], hoist: list[str], pro: list[str], xval: str,

@@ -266,9 +266,9 @@ def _lane_fold(kind: str):
                 at = builder.gep(row_p, [builder.mul(b, ir.Constant(_I64, LANES))])
                 return builder.load(builder.bitcast(at, vptr), align=4)
 
-            def block(b, accs, skip=None):
+            def block(b, accs, skip):
                 acc, = accs
-                v = load(b if skip is None else builder.add(b, skip))
+                v = load(builder.add(b, skip))
                 if kind == "sum":
                     return [builder.fadd(acc, v)]
                 if kind == "sumsq":
