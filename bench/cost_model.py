@@ -8,10 +8,12 @@ else tests/models/*.onnx; --big adds the ~1,500-node synthetic ResNet and BERT o
 bench/extract_models.py) is compiled for the target on the backend (default: the one
 `ef.compile` uses) at `--threads` (default 1, as `eqsat-fuse calibrate` measures). Then:
 
-- every kernel (every step of the lowered program) is timed alone, median of repeats, on the
-  buffers of one run, under the program's thread settings; the rank correlation (Spearman)
-  between the cost model's predicted microseconds and the measured ones is printed per model
-  and over all kernels;
+- every kernel (every step of the lowered program) is timed alone, median of repeats, in
+  `ROUNDS` interleaved rounds (its time: the median of its rounds), on the buffers of one run,
+  under the program's thread settings; the rank correlation (Spearman) between the cost
+  model's predicted microseconds and the measured ones is printed per model and over all
+  kernels, beside the measurement's own ("rounds": the median Spearman between
+  two rounds of the kernels' timings, the most any prediction can reach on this machine);
 - the model is compiled again with no rewriting (compare's strategy `none`: iterations 0); the
   predicted saving of fusion, 1 - cost(fused) / cost(none), is printed beside two measured
   ones, each with the ratio predicted / measured: over the kernels (the sums of the kernels'
@@ -46,6 +48,7 @@ from eqsat_fuse.threads import governed  # noqa: E402
 from eqsat_fuse.tools.calibrate import program_steps  # noqa: E402
 
 REAL = Path("/work/bench-models")
+ROUNDS = 5               # rounds of kernel timings (see kernel_times)
 
 
 def median_us(fn, repeat: int = 15, min_seconds: float = 0.02) -> float:
@@ -62,8 +65,16 @@ def median_us(fn, repeat: int = 15, min_seconds: float = 0.02) -> float:
     return float(np.median(times)) * 1e6
 
 
-def kernel_times(compiled) -> list[tuple[str, str, float, float]]:
-    """(kernel name, ops, predicted us, measured us) for every step of the program."""
+def kernel_times(compiled, rounds: int = ROUNDS) -> tuple[list[tuple[str, str, float, float]],
+                                                           float]:
+    """(kernel name, ops, predicted us, measured us) for every step of the program, and the
+    measurement's own rank agreement: the median Spearman between two rounds' times.
+
+    The kernels are timed in `rounds` rounds, each kernel once a round (the median of its
+    repeats), and a kernel's time is the median of its rounds. This host's speed changes over
+    seconds (a whole program's block medians 6.2-9.0 ms within 25 s, nothing else running), so
+    kernels timed one after another in one pass rank by when they ran as much as by their work;
+    across rounds each kernel sees the slow stretches as the others do."""
     # a model with open dims: the program of the representative shape, with its derived inputs
     program, feeds = compiled.program_at(random_feeds(compiled.example_inputs, 0))
     report = compiled.report
@@ -74,12 +85,17 @@ def kernel_times(compiled) -> list[tuple[str, str, float, float]]:
     if len(stepped) != len(steps):
         raise RuntimeError(f"{report.model}: {len(steps)} steps for {len(stepped)} kernels")
     predicted = {k.name: k.predicted_us for k in report.kernels}
-    rows = []
+    times = np.empty((rounds, len(steps)))
     with governed(program.threads, program.blas_threads, program.numba_threads):
-        for kernel, step in zip(stepped, steps):
-            rows.append((kernel.name, "+".join(kernel.ops), predicted[kernel.name],
-                         median_us(lambda: step(env))))
-    return rows
+        for r in range(rounds):
+            for i, step in enumerate(steps):
+                times[r, i] = median_us(lambda: step(env))
+    measured = np.median(times, axis=0)
+    rows = [(kernel.name, "+".join(kernel.ops), predicted[kernel.name], float(us))
+            for kernel, us in zip(stepped, measured)]
+    pairs = [spearmanr(times[a], times[b]).statistic
+             for a in range(rounds) for b in range(a + 1, rounds)]
+    return rows, float(np.median(pairs)) if pairs and len(steps) > 2 else float("nan")
 
 
 def program_ms(compiled_programs: list, feeds: dict, seconds: float = 8.0
@@ -151,7 +167,8 @@ def main(argv: list[str]) -> int:
 
     print(f"target {target}, backend {backend or 'default'}, {threads} thread(s); kernel times: "
           f"median of repeats, us; programs: median of blocks, ms", flush=True)
-    print(f"{'model':24s} {'kernels':>7s} {'spearman':>8s} {'pred ms':>8s} {'meas ms':>8s}"
+    print(f"{'model':24s} {'kernels':>7s} {'spearman':>8s} {'rounds':>6s} {'pred ms':>8s}"
+          f" {'meas ms':>8s}"
           + (f" | none: {'pred ms':>8s} {'meas ms':>8s} | saving: {'pred':>6s}"
              f" {'kernels':>7s} {'ratio':>5s} {'runs':>6s} {'ratio':>5s} {'runs 90% CI':>15s}"
              f" {'1.5x':>4s} | run ms: {'fused':>7s} {'none':>7s}" if saving else ""))
@@ -159,7 +176,7 @@ def main(argv: list[str]) -> int:
     for name, model in models:
         compiled = ef.compile(model, target=target, backend=backend, threads=threads)
         try:
-            rows = kernel_times(compiled)
+            rows, self_rho = kernel_times(compiled)
         except ef.EqsatFuseError as why:     # e.g. open dims whose default binding it can't run
             print(f"{name:24s} skipped: {why}", flush=True)
             continue
@@ -167,12 +184,12 @@ def main(argv: list[str]) -> int:
         pred = [r[2] for r in rows]
         meas = [r[3] for r in rows]
         rho = spearmanr(pred, meas).statistic if len(rows) > 2 else float("nan")
-        line = (f"{name:24s} {len(rows):7d} {rho:8.3f} {sum(pred) / 1e3:8.2f}"
+        line = (f"{name:24s} {len(rows):7d} {rho:8.3f} {self_rho:6.3f} {sum(pred) / 1e3:8.2f}"
                 f" {sum(meas) / 1e3:8.2f}")
         if saving:
             unfused = ef.compile(model, target=target, backend=backend, threads=threads,
                                  budgets=Budgets(iterations=0))
-            none_rows = kernel_times(unfused)
+            none_rows, _ = kernel_times(unfused)
             feeds = random_feeds(compiled.example_inputs, 0)
             (fused_ms, none_ms), rounds = program_ms([compiled, unfused], feeds)
             interval = saving_interval(rounds)
@@ -199,7 +216,7 @@ def main(argv: list[str]) -> int:
     pred = [r[2] for r in everything]
     meas = [r[3] for r in everything]
     rho = spearmanr(pred, meas).statistic
-    print(f"{'all kernels':24s} {len(everything):7d} {rho:8.3f} {sum(pred) / 1e3:8.2f}"
+    print(f"{'all kernels':24s} {len(everything):7d} {rho:8.3f} {'':6s} {sum(pred) / 1e3:8.2f}"
           f" {sum(meas) / 1e3:8.2f}")
     return 0
 
