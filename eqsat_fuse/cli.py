@@ -22,6 +22,7 @@ from .files import write_atomically  # noqa: F401  (also imported from here)
 from .lowering.storage import LOWERED_STORAGE_DTYPES
 from .saturation.limits import parse_hard_limits
 from .saturation.saturate import Budgets
+from .tools import compare_stats as timing
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -580,16 +581,18 @@ def _add_compare_command(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--rule-set", action="append", type=_rule_set, default=[],
                          metavar="NAME=FILE[,FILE]",
                          help="an extra rule set to compare with the shipped rules")
-    compare.add_argument("--jobs", type=int, default=1, help="local processes (default 1; "
-                         "more than one makes measured times noisier)")
+    compare.add_argument("--jobs", type=int, default=1, help="local processes, one model each "
+                         "(default 1; more than one makes measured times noisier)")
     compare.add_argument("--scheduler", metavar="ADDRESS",
-                         help="run the cells on this Dask distributed scheduler")
+                         help="run the models on this Dask distributed scheduler")
     compare.add_argument("--backend", default=None, choices=list(BACKENDS),
                          help="backend to time (default: numba, or $EQSAT_FUSE_BACKEND)")
     compare.add_argument("--repeats", type=int, default=20,
-                         help="timed runs per measured cell, after 2 warm-up runs, in 5 blocks "
-                              "0.3 s apart (default 20): median, IQR and a bootstrap 95%% "
-                              "interval of the median")
+                         help=f"timed runs per measured cell, after {timing.WARMUP_RUNS} "
+                              f"warm-up runs, in {timing.BLOCKS} blocks, each after a "
+                              f"{timing.BLOCK_PAUSE_S} s pause, taking turns with the blocks of "
+                              f"the model's other cells (default 20): median, IQR and a "
+                              f"bootstrap 95%% interval of the median")
     compare.add_argument("--spread-limit", type=float, default=0.10, metavar="F",
                          help="warn about a cell whose IQR is above F x its median (default "
                               "0.10)")

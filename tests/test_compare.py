@@ -132,20 +132,44 @@ def test_the_passes_strategy_says_which_user_rules_cannot_fire_and_why(tmp_path)
     assert eqsat.kernels_out < passes.kernels_out
 
 
-def test_timed_runs_are_spread_over_blocks_a_pause_apart(monkeypatch):
-    """A shared machine's load changes over seconds, so the runs of a cell are taken in blocks
-    a pause apart (each pause followed by an untimed run), not in one burst."""
+def test_timed_runs_take_turns_in_blocks_a_pause_apart(monkeypatch):
+    """A shared machine's speed changes over seconds, so the runs of the cells being compared
+    are taken in rounds, a block of each cell a round, each block after a pause and an untimed
+    run, the cells taking turns at going first: every cell sees the same slow stretches."""
     from eqsat_fuse.tools import compare_stats
 
     events = []
     monkeypatch.setattr(compare_stats.time, "sleep", lambda s: events.append(f"pause {s}"))
-    times = compare_stats.time_blocks(lambda: events.append("run"), 7, warmup=2, blocks=3,
-                                      pause_s=0.05)
-    assert len(times) == 7
-    # 2 warm-ups; blocks of 3, 2 and 2 timed runs, each pause followed by an untimed run
-    assert events == ["run"] * 2 + ["run"] * 3 + ["pause 0.05", "run"] + ["run"] * 2 \
-        + ["pause 0.05", "run"] + ["run"] * 2
-    assert len(compare_stats.time_blocks(lambda: None, 2, blocks=5, pause_s=0.0)) == 2
+    times = compare_stats.time_interleaved([lambda: events.append("a"),
+                                            lambda: events.append("b")],
+                                           5, warmup=1, blocks=2, pause_s=0.05)
+    assert [len(t) for t in times] == [5, 5]
+    # 1 warm-up each; round 1: a block of 3 of a, then of b; round 2: blocks of 2, b first
+    assert events == ["a", "b"] + ["pause 0.05", "a"] + ["a"] * 3 \
+        + ["pause 0.05", "b"] + ["b"] * 3 + ["pause 0.05", "b"] + ["b"] * 2 \
+        + ["pause 0.05", "a"] + ["a"] * 2
+    assert [len(t) for t in compare_stats.time_interleaved([lambda: None], 2, blocks=5,
+                                                            pause_s=0.0)] == [2]
+
+
+def test_the_cells_of_a_model_are_timed_together(tmp_path, monkeypatch):
+    """Each model's measured cells, onnxruntime's included, are timed in one interleaved
+    schedule (so a slow stretch of the machine reaches all of them), one model at a time."""
+    from eqsat_fuse.tools import compare_stats
+
+    schedules = []
+    original = compare_stats.time_interleaved
+
+    def recorded(calls, repeats, **kwargs):
+        schedules.append(len(calls))
+        return original(calls, repeats, pause_s=0.0, **kwargs)
+
+    monkeypatch.setattr(compare_stats, "time_interleaved", recorded)
+    rows = compare(TWO_MODELS, tmp_path, strategies=["none", "eqsat-greedy"],
+                   targets=["cpu", "gpu"], repeats=2)
+    assert schedules == [4, 4]          # per model: 2 strategies on cpu and 2 onnxruntime rows
+    measured = [r for r in rows if r.get("measured_ms") is not None]
+    assert len(measured) == 8 and all(r["runs"] == 2 for r in measured)
 
 
 def test_a_noisy_cell_is_warned_about_and_the_sweep_is_described_in_metadata(tmp_path):

@@ -3,18 +3,20 @@
     eqsat-fuse compare resnet.onnx bert.onnx -o results/ --targets cpu edge-npu gpu
 
 Every cell of models x strategies x targets x rule sets is compiled, verified against
-onnxruntime and written to `DIR/cells/<cell>.json` as soon as it is done, so an interrupted
-sweep resumes where it stopped (cells already in DIR are skipped). A cell whose target is this
-machine (`measures_here`: the `cpu` target or a cost file calibrated on this host) is also
-timed: warm-up runs, then `repeats` timed runs in blocks a pause apart (`compare_stats`:
-median, IQR, bootstrap interval of the median, a warning when the spread is large); a cell of
-any other target shows its predicted cost only, since this CPU says nothing about a GPU's
-latency. Each model also gets onnxruntime rows (ENABLE_ALL and DISABLE_ALL, `BASELINES`) timed
-the same way, each in its own session, and every measured row a speedup against ENABLE_ALL.
+onnxruntime and written to `DIR/cells/<cell>.json` as soon as the cells of its model are done,
+so an interrupted sweep resumes where it stopped (cells already in DIR are skipped). A cell
+whose target is this machine (`measures_here`: the `cpu` target or a cost file calibrated on
+this host) is also timed: warm-up runs, then `repeats` timed runs in blocks a pause apart,
+the blocks of a model's cells taking turns (`compare_stats`: the interleaving, median, IQR,
+bootstrap interval of the median, a warning when the spread is large); a cell of any other
+target shows its predicted cost only, since this CPU says nothing about a GPU's latency. Each
+model also gets onnxruntime rows (ENABLE_ALL and DISABLE_ALL, `BASELINES`), each in its own
+session, timed in turn with the model's compiled cells, and every measured row a speedup
+against ENABLE_ALL.
 
 At the end `DIR/results.csv`, `DIR/results.md`, `DIR/metadata.json` (versions, CPU, threads,
 load average, seed, the project's commit) and the plots in `DIR/plots/` (`compare_plots`) are
-written from every cell in DIR that the sweep asked for. Cells run one by one, on local
+written from every cell in DIR that the sweep asked for. Models run one by one, on local
 processes (`jobs`), or on a Dask distributed cluster (`scheduler` address). Inputs come from a
 fixed seed; the table is sorted, so two sweeps of the same cells write the same rows (measured
 times aside).
@@ -97,13 +99,36 @@ def measures_here(target: str) -> bool:
     return name == "cpu" or name.endswith("@" + target_name(None).partition("@")[2])
 
 
-def run_cell(cell: dict, rule_files: list[str], backend: str | None = None, repeats: int = 20,
-             seed: int = 0, ilp_seconds: float = 30.0, threads: int | None = None) -> dict:
-    """Compile, verify and (on this machine's target) time one cell; a row of results
-    (errors are recorded, not raised). A baseline cell times onnxruntime instead."""
-    cell = Cell(**cell)
-    if cell.strategy in BASELINES:
-        return _run_baseline(cell, repeats, seed, threads)
+def run_cells(cells: list[tuple[dict, list[str]]], backend: str | None = None,
+              repeats: int = 20, seed: int = 0, ilp_seconds: float = 30.0,
+              threads: int | None = None, progress: Callable[[str], None] | None = None
+              ) -> list[dict]:
+    """Compile and verify each (cell, its rule files) of one model, then time together the
+    cells measured on this machine (`compare_stats.time_interleaved`: a block of each a
+    round); a row of results per cell (errors are recorded, not raised). A baseline cell
+    times onnxruntime instead."""
+    say = progress or (lambda _message: None)
+    built = []
+    for cell, rule_files in cells:
+        cell = Cell(**cell)
+        if cell.strategy in BASELINES:
+            built.append(_build_baseline(cell, seed, threads))
+        else:
+            built.append(_build_cell(cell, rule_files, backend, seed, ilp_seconds, threads))
+        say(f"  built {Path(cell.model).name} {cell.strategy} {cell.target} {cell.rules}")
+    timed = [(row, call) for row, call in built if call is not None]
+    if timed:
+        say(f"  timing {len(timed)} cells of {timed[0][0]['model']}: {repeats} runs each, "
+            f"{min(stats.BLOCKS, repeats)} rounds of a block per cell")
+    for (row, _), times in zip(timed, stats.time_interleaved([c for _, c in timed], repeats)):
+        row.update(**stats.spread(times), times_ms=[round(t, 5) for t in times])
+    return [row for row, _ in built]
+
+
+def _build_cell(cell: Cell, rule_files: list[str], backend: str | None, seed: int,
+                ilp_seconds: float, threads: int | None) -> tuple[dict, Callable | None]:
+    """A compiled cell's row (no timing yet) and the run to time (None: not this machine's
+    target, or an error)."""
     from ..checking.verify import random_feeds
     from ..pipeline import compile as compile_model
     from ..saturation.saturate import Budgets
@@ -122,19 +147,17 @@ def run_cell(cell: dict, rule_files: list[str], backend: str | None = None, repe
         compile_seconds = time.perf_counter() - started
         feeds = random_feeds(compiled.example_inputs, seed)
         result = compiled.verify(feeds)
-        measured = measures_here(cell.target)
-        times = stats.time_blocks(lambda: compiled.run(feeds), repeats) if measured else []
     except EqsatFuseError as exc:
         row.update(status="error", error=str(exc))
-        return row
+        return row, None
+    measured = measures_here(cell.target)
     report = compiled.report
     row.update(
         status="ok", error="", latency="measured" if measured else "predicted",
         kernels=report.kernels_out, views=report.views, predicted_us=round(report.cost, 3),
         predicted_energy_uj=(round(report.energy_uj, 3)
                              if getattr(report, "energy_uj", None) is not None else None),
-        **(stats.spread(times) if measured else {}), times_ms=[round(t, 5) for t in times],
-        threads=compiled.program.threads,
+        times_ms=[], threads=compiled.program.threads,
         bytes_moved=int(sum(k.read_bytes + k.write_bytes for k in report.kernels)),
         peak_bytes=report.peak_bytes, lower_bound_bytes=report.lower_bound_bytes,
         egraph_nodes=report.egraph_nodes, stop_reason=str(report.stop_reason),
@@ -142,14 +165,15 @@ def run_cell(cell: dict, rule_files: list[str], backend: str | None = None, repe
         max_abs_diff=max((o.max_abs_diff for o in result.outputs), default=0.0),
         t_compile=round(compile_seconds, 4), notes=list(report.notes),
         **{f"t_{s}": round(report.timings.get(s, 0.0), 4) for s in STAGES})
-    return row
+    return row, (lambda: compiled.run(feeds)) if measured else None
 
 
-def _run_baseline(cell: Cell, repeats: int, seed: int, threads: int | None) -> dict:
+def _build_baseline(cell: Cell, seed: int, threads: int | None
+                    ) -> tuple[dict, Callable | None]:
     """onnxruntime at one optimization level, on `threads` intra-op threads (the compiled
-    programs' default count), timed like a compiled cell and verified against the
-    model as written. The session is closed before the next cell, so its spinning thread pool
-    does not run beside another runtime."""
+    programs' default count), verified against the model as written: its row and the run to
+    time (None after an error). Its thread pool waits between its blocks: each block of every
+    runtime follows a pause, so no runtime's spinning workers run beside another's."""
     import onnx
     import onnxruntime as ort
 
@@ -172,22 +196,19 @@ def _run_baseline(cell: Cell, repeats: int, seed: int, threads: int | None) -> d
         session = ort.InferenceSession(cell.model, options, providers=["CPUExecutionProvider"])
         compile_seconds = time.perf_counter() - started
         outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-        times = stats.time_blocks(lambda: session.run(None, feeds), repeats)
-        del session
         expected, oracle = oracle_outputs(onnx.load(cell.model), feeds)
         result = compare_outputs(outputs, expected, oracle)
     except EqsatFuseError as exc:
         row.update(status="error", error=str(exc))
-        return row
+        return row, None
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors: recorded in the row
         row.update(status="error", error=f"onnxruntime: {exc}".splitlines()[0])
-        return row
-    row.update(status="ok", error="", latency="measured", **stats.spread(times),
-               times_ms=[round(t, 5) for t in times], threads=resolve(threads),
+        return row, None
+    row.update(status="ok", error="", latency="measured", times_ms=[], threads=resolve(threads),
                verified=result.ok,
                max_abs_diff=max((o.max_abs_diff for o in result.outputs), default=0.0),
                t_compile=round(compile_seconds, 4))
-    return row
+    return row, lambda: session.run(None, feeds)
 
 
 def plan_cells(models: Iterable[str], strategies: Iterable[str], targets: Iterable[str],
@@ -243,7 +264,7 @@ def compare(models: Iterable[str], out_dir: str | Path, strategies: Iterable[str
     options = dict(backend=backend, repeats=repeats, seed=seed, ilp_seconds=ilp_seconds,
                    threads=threads)
     done = len(cells) - len(pending)
-    for cell, row in _execute(pending, rule_sets, options, jobs, scheduler):
+    for cell, row in _execute(pending, rule_sets, options, jobs, scheduler, say):
         _write_json(out / "cells" / f"{cell.key}.json", {"cell": asdict(cell), "row": row})
         done += 1
         say(f"[{done}/{len(cells)}] {row['model']} {cell.strategy} {cell.target} {cell.rules}: "
@@ -297,11 +318,17 @@ def _add_speedups(rows: list[dict]) -> None:
             row["speedup_vs_ort"] = round(base[row["model"]] / row["measured_ms"], 3)
 
 
-def _execute(cells: list[Cell], rule_sets, options, jobs: int, scheduler: str | None):
-    """Yield (cell, row) as cells finish: serially, on local processes, or on Dask."""
+def _execute(cells: list[Cell], rule_sets, options, jobs: int, scheduler: str | None,
+             say: Callable[[str], None]):
+    """Yield (cell, row) as the cells of each model finish (`run_cells`: a model's cells are
+    timed together): one model after another, models on local processes, or on Dask."""
     if not cells:
         return
-    files = {c: rule_sets.get(c.rules, []) for c in cells}      # baselines load no rules
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.model, []).append(cell)
+    work = [[(asdict(c), rule_sets.get(c.rules, [])) for c in group]   # baselines: no rules
+            for group in groups.values()]
     if scheduler:
         try:
             from distributed import Client, as_completed
@@ -309,22 +336,23 @@ def _execute(cells: list[Cell], rule_sets, options, jobs: int, scheduler: str | 
             raise EqsatFuseError("a Dask scheduler was given but dask.distributed is not "
                                  "installed: pip install 'eqsat-fuse[cluster]'") from None
         with Client(scheduler) as client:
-            futures = {client.submit(run_cell, asdict(c), files[c], pure=False,
-                                     **options): c for c in cells}
+            futures = {client.submit(run_cells, group, pure=False, **options): model_cells
+                       for group, model_cells in zip(work, groups.values())}
             for future in as_completed(futures):
-                yield futures[future], future.result()
+                yield from zip(futures[future], future.result())
         return
     if jobs <= 1:
-        for cell in cells:
-            yield cell, run_cell(asdict(cell), files[cell], **options)
+        for group, model_cells in zip(work, groups.values()):
+            yield from zip(model_cells, run_cells(group, progress=say, **options))
         return
     import concurrent.futures as cf
     import multiprocessing
 
     with cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(run_cell, asdict(c), files[c], **options): c for c in cells}
+        futures = {pool.submit(run_cells, group, **options): model_cells
+                   for group, model_cells in zip(work, groups.values())}
         for future in cf.as_completed(futures):
-            yield futures[future], future.result()
+            yield from zip(futures[future], future.result())
 
 
 def _write_json(path: Path, data: dict) -> None:

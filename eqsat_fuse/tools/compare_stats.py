@@ -4,12 +4,16 @@ ranks programs (Spearman's rho of predicted against measured).
 A single timed run on a shared machine says little (the same program measured 158 ms, 11 ms
 and 2 ms in three cells), so every measured cell is timed repeatedly: warm-up runs, then
 `repeats` timed runs in blocks a pause apart, reported as the median with its interquartile
-range and a bootstrap 95% interval of the median. The load of a shared machine changes over
-seconds (MobileNetV2's blocks of ten runs a second apart had medians from 9.2 to 13.8 ms, each
-block's IQR 1-2%), so runs of one burst would report a spread that the next sweep falls
-outside; blocks spread over a second or more see that load. A spread larger than a stated
-fraction of the median marks the cell noisy. The bootstrap draws from a fixed seed, so the
-same times give the same interval.
+range and a bootstrap 95% interval of the median. The speed of a shared machine changes over
+seconds, for every runtime alike (MobileNetV2's blocks of ten runs a few tenths of a second
+apart had medians from 6.2 to 9.0 ms over 25 s, each block's IQR a few %; stretches of a
+couple of seconds ran at the slow end), so a cell timed in one stretch reports a spread that
+the next sweep falls outside. So the cells of one model are timed together, in rounds, one
+block of each cell a round (`time_interleaved`): every cell's runs are spread over the whole
+timing of its model and see the same slow and fast stretches, its spread is the one to expect
+from a rerun, and ratios between cells (the speedup against onnxruntime) compare runs of the
+same stretches. A spread larger than a stated fraction of the median marks the cell noisy.
+The bootstrap draws from a fixed seed, so the same times give the same interval.
 """
 
 from __future__ import annotations
@@ -21,30 +25,32 @@ from typing import Any, Callable
 import numpy as np
 
 WARMUP_RUNS = 2            # untimed runs before the first block: caches, lazy JIT, thread pools
-BLOCKS = 5                 # the timed runs are split into this many blocks (at most one a run)
-BLOCK_PAUSE_S = 0.3        # between blocks; one untimed run follows each pause
+BLOCKS = 10                # rounds: the timed runs of a cell split into this many blocks
+BLOCK_PAUSE_S = 0.3        # before each block; one untimed run follows each pause
 BOOTSTRAP_RESAMPLES = 2000
 SPREAD_LIMIT = 0.10        # IQR / median above this marks a measurement noisy
 
 
-def time_blocks(call: Callable[[], Any], repeats: int, warmup: int = WARMUP_RUNS,
-                blocks: int = BLOCKS, pause_s: float = BLOCK_PAUSE_S) -> list[float]:
-    """Milliseconds of `repeats` timed calls, after `warmup` untimed ones, in `blocks` blocks
-    (fewer when there are fewer calls) `pause_s` apart, each pause followed by an untimed call
-    (a runtime's threads may have slept)."""
-    for _ in range(warmup):
-        call()
+def time_interleaved(calls: list[Callable[[], Any]], repeats: int, warmup: int = WARMUP_RUNS,
+                     blocks: int = BLOCKS, pause_s: float = BLOCK_PAUSE_S) -> list[list[float]]:
+    """Milliseconds of `repeats` timed runs of each call, after `warmup` untimed ones, in
+    `blocks` rounds (fewer when there are fewer runs): a round is one block of every call, each
+    block after a pause of `pause_s` and an untimed run (a runtime's threads may have slept, or
+    another runtime's may still spin), the calls taking turns at going first."""
+    for call in calls:
+        for _ in range(warmup):
+            call()
     blocks = max(1, min(blocks, repeats))
     sizes = [repeats // blocks + (b < repeats % blocks) for b in range(blocks)]
-    times = []
+    times: list[list[float]] = [[] for _ in calls]
     for b, size in enumerate(sizes):
-        if b:
+        for i in [(b + k) % len(calls) for k in range(len(calls))]:
             time.sleep(pause_s)
-            call()
-        for _ in range(size):
-            start = time.perf_counter()
-            call()
-            times.append((time.perf_counter() - start) * 1e3)
+            calls[i]()
+            for _ in range(size):
+                start = time.perf_counter()
+                calls[i]()
+                times[i].append((time.perf_counter() - start) * 1e3)
     return times
 
 
