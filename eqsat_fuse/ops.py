@@ -173,6 +173,9 @@ _SPECS = [
           ref=npq.conv_integer, result_dtype="int32"),
     _spec("Gemm", ["a", "b", "c"], ["alpha", "beta", "trans_a", "trans_b"], "anchor", ["c"],
           ref=npo.gemm),
+    # attention in one kernel: the scores never reach memory (rules/fuse.egg: attention-*)
+    _spec("FusedAttention", ["q", "kt", "v", "mask", "scale"], ["how"], "anchor",
+          ["mask", "scale"], short="attention", ref=npo.fused_attention),
     # reductions: row and window kernels
     _spec("Softmax", ["x"], ["axis"], "reduction", ref=npo.softmax),
     _spec("LayerNormalization", ["x", "scale", "bias"], ["axis", "epsilon"], "reduction", ["bias"],

@@ -242,7 +242,8 @@ def test_every_term_language_op_has_an_export():
         "ConvTranspose", "Gemm", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum",
         "MaxPool", "AveragePool", "LRN", "Concat", "Gather", "Pad", "Transpose", "Reshape",
         "Expand", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Opaque", "Scalar", "Ints",
-        "QuantizeLinear", "DequantizeLinear", "ConvInteger", "ReduceMax", "ReduceMin"}
+        "QuantizeLinear", "DequantizeLinear", "ConvInteger", "ReduceMax", "ReduceMin",
+        "FusedAttention"}
     source = Path(export.__file__).read_text()
     computing = {name for name, spec in OPS.items()
                  if spec.kind not in ("structure",) and name not in ("Input", "Const", "Absent")}

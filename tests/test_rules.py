@@ -318,6 +318,32 @@ case("gelu-tanh",
             "half": np.array(0.5, F)}),
      all_of(kernels_at_most(1), kernel_with("Gelu")))
 
+# ---- fuse: attention as one kernel, in each spelling (q [1, 2, 6, 4], kt [1, 2, 4, 9]) ----
+def _attention(scale_op=None, mask=False):
+    nodes = [("MatMul", ["q", "kt"], ["s"], {})]
+    last = "s"
+    if scale_op:
+        nodes.append((scale_op, [last, "c"], ["z"], {}))
+        last = "z"
+    if mask:
+        nodes.append(("Add", [last, "m"], ["y"], {}))
+        last = "y"
+    nodes += [("Softmax", [last], ["p"], {"axis": -1}), ("MatMul", ["p", "v"], ["o"], {})]
+    inits = {"c": np.array(2.0, F)}
+    if mask:      # a padding mask over the keys: the last three are masked out
+        inits["m"] = np.where(np.arange(9) < 6, 0.0, -1e4).astype(F).reshape(1, 1, 1, 9)
+    return graph(nodes, {"q": [1, 2, 6, 4], "kt": [1, 2, 4, 9], "v": [1, 2, 9, 5]},
+                 {"o": [1, 2, 6, 5]},
+                 {k: v for k, v in inits.items() if k != "c" or scale_op})
+
+
+for name, scale_op, mask in (("attention-mul-mask", "Mul", True),
+                             ("attention-div-mask", "Div", True),
+                             ("attention-mask", None, True), ("attention-mul", "Mul", False),
+                             ("attention-div", "Div", False), ("attention", None, False)):
+    case(name, _attention(scale_op, mask),
+         all_of(kernels_at_most(1), kernel_with("FusedAttention")))
+
 case("half-out-of-rhs",    # the dynamo exporter's GELU: x * (0.5 * (1 + erf(x / sqrt 2)))
      graph([("Div", ["x", "r2"], ["q"], {}), ("Erf", ["q"], ["e"], {}),
             ("Add", ["e", "one"], ["o"], {}), ("Mul", ["half", "o"], ["ho"], {}),

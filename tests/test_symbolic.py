@@ -329,7 +329,8 @@ def test_a_new_shape_waits_for_no_jit_its_new_kernels_compile_in_the_background(
     assert result.returncode == 0, result.stderr[-2000:]
     first, again = json.loads(result.stdout.strip().splitlines()[-1])
     assert first["jit_compiled"] == 0 and first["jit_deferred"] > 0   # NumPy ran those
-    assert len(first["fallback_kernels"]) >= first["jit_deferred"]
+    # (a deferred copy kernel runs as NumPy's copy, counted among the copies)
+    assert len(first["fallback_kernels"]) + first["copy_kernels"] >= first["jit_deferred"]
     # lowered again once the worker was done: every kernel compiled, none compiled here
     assert again["jit_deferred"] == 0 and again["jit_compiled"] == 0
     assert not again["fallback_kernels"]

@@ -57,10 +57,14 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
         "int8_matmul_gflops": (float, False, "MatMulInteger rate (8-bit products summed in "
                                              "int32), GOP/s (default matmul_gflops)"),
         "int8_conv_gflops": (float, False, "ConvInteger rate, GOP/s (default conv_gflops)"),
+        "attention_gflops": (float, False, "FusedAttention rate, GFLOP/s counting 2 (D + Dv) "
+                                           "FLOPs per score (default matmul_gflops)"),
         "reduction_gflops": (float, True, "rate of row/window kernels (softmax, norms, pools)"),
         "elementwise_op_us": (float, False, "fixed cost of one elementwise (or data movement, "
                                             "view) operation, microseconds (default op_us)"),
         "matmul_op_us": (float, False, "fixed cost of one MatMul/Gemm (default op_us)"),
+        "attention_op_us": (float, False, "fixed cost of one FusedAttention (default "
+                                          "matmul_op_us)"),
         "conv_op_us": (float, False, "fixed cost of one convolution (default op_us)"),
         "reduction_op_us": (float, False, "fixed cost of one row/window operation "
                                           "(default op_us)"),
@@ -96,9 +100,10 @@ SCHEMA: dict[str, dict[str, tuple[type, bool, str]]] = {
 OPTIONAL_TABLES = frozenset({"energy"})
 OBJECTIVES = ("latency", "energy")
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
-RATE_CLASSES = ("elementwise", "matmul", "conv", "reduction", "int8_matmul", "int8_conv")
+RATE_CLASSES = ("elementwise", "matmul", "conv", "reduction", "int8_matmul", "int8_conv",
+                "attention")
 # a rate class a cost file may leave out, and the class whose rate it then has
-RATE_DEFAULTS = {"int8_matmul": "matmul", "int8_conv": "conv"}
+RATE_DEFAULTS = {"int8_matmul": "matmul", "int8_conv": "conv", "attention": "matmul"}
 BACKENDS_PRICED = ("numpy", "numba")         # what target.backend may say
 
 
@@ -270,6 +275,8 @@ def _rate_class(op: str) -> str:
         return "int8_conv"
     if op in ("MatMul", "Gemm"):
         return "matmul"
+    if op == "FusedAttention":
+        return "attention"
     if op in ("Conv", "ConvTranspose"):
         return "conv"
     if OPS[op].kind == "reduction":
@@ -291,6 +298,10 @@ def node_flops(model: CostModel, op: str, attrs: tuple, out_shape: tuple[int, ..
     if op == "ConvTranspose" and first is not None and in_shapes[1] is not None:
         w = in_shapes[1]
         return 2.0 * math.prod(first) * math.prod(w[1:])
+    if op == "FusedAttention" and first is not None and in_shapes[1] is not None:
+        # a score per query row and key: q @ kt (2 D FLOPs) and its share of p @ v (2 Dv)
+        scores = math.prod(first[:-1]) * in_shapes[1][-1]
+        return 2.0 * scores * (first[-1] + out_shape[-1])
     if op in ("MatMul", "Gemm", "MatMulInteger") and first is not None:
         trans_a = op == "Gemm" and attrs[2]
         k = first[-2] if trans_a and len(first) >= 2 else first[-1]

@@ -588,6 +588,7 @@ class NumbaCalibration(Calibration):
     CONV_SIZES = ((64, 56), (128, 28), (256, 14))
     DEPTHWISE_CASES = ((144, 56, 1), (96, 112, 2), (144, 56, 2), (384, 14, 1), (960, 7, 1))
     EPILOGUE_CASE = (8, 64, 56)              # a 1x1 convolution: in, out channels, size
+    ATTENTION_SEQS = (256, 1024)              # queries = keys, 12 heads of 64
     # 1 MiB a tensor: on chip, the regime of onchip_bandwidth_gbs, so that what an op costs
     # beyond its bytes is the arithmetic its loop cannot hide behind them
     ELEMENTWISE_SIZE = 1 << 18
@@ -605,13 +606,14 @@ class NumbaCalibration(Calibration):
             self.MATMUL_SIZES = ((64, 256, 256),)
             self.DEPTHWISE_CASES = ((32, 28, 1),)
             self.EPILOGUE_CASE = (16, 32, 28)
+            self.ATTENTION_SEQS = (128,)
 
     def steps(self):
         return [("memory bandwidth", self.memory), ("launch overhead", self.launch),
                 ("operation overheads", self.overheads), ("elementwise rate", self.elementwise),
                 ("MatMul rate", self.matmul), ("convolution rate", self.conv),
                 ("int8 rates", self.int8), ("epilogue pass", self.epilogue),
-                ("reduction rates", self.reduction_table)]
+                ("attention rate", self.attention), ("reduction rates", self.reduction_table)]
 
     def int8(self) -> None:
         """MatMulInteger and ConvInteger (uint8 activations by constant int8 weights, the
@@ -635,6 +637,38 @@ class NumbaCalibration(Calibration):
                                     2.0 * channels * size * size * channels * 9,
                                     2 * x.size + w.size + 4.0 * x.size))
         self.values["int8_conv_gflops"] = float(np.median(rates))
+
+    def attention(self) -> None:
+        """FusedAttention: softmax(q @ kt * 0.125) @ v of 12 heads of 64 at `ATTENTION_SEQS`
+        queries and keys, the exported pattern fused by the attention rules into the kernel
+        (its rate counts 2 (D + Dv) FLOPs per score, the two products; the softmax's work is
+        in the time)."""
+        from onnx import TensorProto, helper, numpy_helper
+
+        rng = np.random.default_rng(0)
+        heads, depth = 12, 64
+        rates = []
+        for seq in self.ATTENTION_SEQS:
+            shapes = {"q": (1, heads, seq, depth), "kt": (1, heads, depth, seq),
+                      "v": (1, heads, seq, depth)}
+            graph = helper.make_graph(
+                [helper.make_node("MatMul", ["q", "kt"], ["s"]),
+                 helper.make_node("Mul", ["s", "c"], ["z"]),
+                 helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+                 helper.make_node("MatMul", ["p", "v"], ["y"])], "attention",
+                [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                 for n, s in shapes.items()],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, shapes["q"])],
+                [numpy_helper.from_array(np.array(0.125, np.float32), "c")])
+            program = _compile(helper.make_model(graph, opset_imports=[
+                helper.make_opsetid("", 17)]))
+            if [k.ops for k in program.plan.kernels] != [["FusedAttention"]]:
+                return            # not fused (a cost file that prices it out): not measured
+            feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+            seconds = self._program_seconds(program, feeds, 1)
+            rates.append(self._rate(seconds, self.fixed("matmul"),
+                                    4.0 * heads * seq * seq * depth, 16.0 * heads * seq * depth))
+        self.values["attention_gflops"] = float(np.median(rates))
 
     def epilogue(self) -> None:
         """What an epilogue costs beyond its ops: the pass the kernel makes over a

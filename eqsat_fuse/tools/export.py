@@ -542,6 +542,8 @@ class _Exporter:
         elif op == "LRN":
             emit(op, args, size=int(a["size"]), alpha=float(a["alpha"]), beta=float(a["beta"]),
                  bias=float(a["bias"]))
+        elif op == "FusedAttention":
+            _attention(scope, node, args, out, label)
         else:
             return self._emit_data_op(scope, node, args, out, dtype, label)
         return out
@@ -761,6 +763,27 @@ SPELLED_OUT = {
 
 _FLOAT8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
            onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ}
+
+def _attention(scope: _Scope, node: BodyNode, args: list[str], out: str, label: str) -> None:
+    """FusedAttention as the ops it stands for: MatMul, the scale (Mul or Div), the mask (Add),
+    Softmax over the last axis, MatMul (what `attention-*` in rules/fuse.egg read)."""
+    q, kt, v, mask, scale = args
+    h = _hint(out, scope)
+    how = str(node.attrs["how"])
+
+    def step(op, inputs, tag, **attrs):
+        value = scope.fresh(f"{h}{tag}")
+        scope.node(op, inputs, [value], name=f"{label}:{tag}" if not scope.function else None,
+                   **attrs)
+        return value
+    scores = step("MatMul", [q, kt], "scores")
+    if how in ("mul", "div"):
+        scores = step("Mul" if how == "mul" else "Div", [scores, scale], "scaled")
+    if node.args[3].kind != "absent":
+        scores = step("Add", [scores, mask], "masked")
+    probs = step("Softmax", [scores], "probs", axis=-1)
+    scope.node("MatMul", [probs, v], [out], name=f"{label}:out" if not scope.function else None)
+
 
 def _hint(out: str, scope: _Scope) -> str:
     """The prefix of a literal's name: inside a function plain, in the graph its user's name."""

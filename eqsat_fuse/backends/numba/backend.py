@@ -89,6 +89,7 @@ import numpy as np
 from ...ir import BodyNode, Kernel, KernelPlan, Operand
 from ...lowering.layout import Layout
 from ...ops import OPS
+from .attention import gen_attention
 from .cache import default_cache_dir
 from .contraction import gen_conv, gen_matmul
 from .integer import gen_conv_integer, gen_matmul_integer
@@ -175,6 +176,8 @@ def generate(e: Emitter) -> None:
         return gen_reduce(e, a, prologue, epilogue)
     if op in ("MaxPool", "AveragePool"):
         return gen_pool(e, a, prologue, epilogue)
+    if op == "FusedAttention":
+        return gen_attention(e, a, prologue, epilogue)
     raise Unsupported(f"anchor {op}")
 
 

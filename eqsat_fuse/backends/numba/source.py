@@ -27,12 +27,12 @@ from .spaces import Unsupported
 
 def _runtime_digest() -> str:
     """A hash of the hand-written code generated modules call (approx, calls, kernels,
-    packed_gemm, int8_gemm, vectors): it goes into every generated source, so editing them never
+    packed_gemm, int8_gemm, vectors, flash): it goes into every generated source, so editing them never
     reuses stale cached machine code."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for name in ("approx.py", "calls.py", "kernels.py", "packed_gemm.py", "int8_gemm.py",
-                 "vectors.py"):
+                 "vectors.py", "flash.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()[:16]
 
@@ -65,6 +65,7 @@ class ModuleSource:
         self.header: list[str] = []
         self.uses_packed_gemm = False
         self.uses_int8_gemm = False
+        self.uses_flash = False
         self.parallel = False
         self.imports: set[str] = set()
 
@@ -105,7 +106,7 @@ class ModuleSource:
         `PG.<name>_entry`: `calls.runtime_entry`), before its machine code is linked."""
         import re
         keys = sorted({f"{m}.{name}" for line in self.lines
-                       for m, name in re.findall(r"\b(K|PG|I8)\.(\w+)_entry\(", line)})
+                       for m, name in re.findall(r"\b(K|PG|I8|FA)\.(\w+)_entry\(", line)})
         return [f"KC.use_runtime({', '.join(repr(k) for k in keys)})"] if keys else []
 
     def source(self) -> str:
@@ -129,6 +130,7 @@ class ModuleSource:
               if self.uses_packed_gemm else []),
             *(["from eqsat_fuse.backends.numba import int8_gemm as I8", "I8.ensure_compiled()"]
               if self.uses_int8_gemm else []),
+            *(["from eqsat_fuse.backends.numba import flash as FA"] if self.uses_flash else []),
             *self._runtime_entries(),
             "",
             decorator,

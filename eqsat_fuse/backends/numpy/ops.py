@@ -413,6 +413,35 @@ def softmax(x, *, axis):
     return _down(y, x.dtype)
 
 
+# query rows per block of `fused_attention`: its scores take at most this many rows at a time
+ATTENTION_BLOCK_ROWS = 256
+
+
+def fused_attention(q, kt, v, mask=None, scale=None, *, how):
+    """softmax(q @ kt (* or / scale) (+ mask), last axis) @ v, computed as those ops compute
+    it, a block of query rows at a time: the scores of a long sequence never exist whole.
+    q [..., Sq, D], kt [..., D, Sk], v [..., Sk, Dv], batch dims and mask broadcast."""
+    q = np.asarray(q)
+    rows = q.shape[-2]
+    blocks = []
+    for r0 in range(0, max(rows, 1), ATTENTION_BLOCK_ROWS):
+        qb = q[..., r0:r0 + ATTENTION_BLOCK_ROWS, :]
+        s = matmul(qb, kt)
+        if how == "mul":
+            s = mul(s, scale)
+        elif how == "div":
+            s = div(s, scale)
+        elif how != "none":
+            raise ValueError(f"FusedAttention: unknown how={how!r}")
+        if mask is not None:
+            m = np.asarray(mask)
+            if m.ndim >= 2 and m.shape[-2] != 1:
+                m = m[..., r0:r0 + ATTENTION_BLOCK_ROWS, :]
+            s = add(s, m)
+        blocks.append(matmul(softmax(s, axis=-1), v))
+    return np.concatenate(blocks, axis=-2) if len(blocks) > 1 else blocks[0]
+
+
 def layer_normalization(x, scale, bias=None, *, axis, epsilon):
     """(x - mean) / sqrt(var + eps) * scale + bias over axes axis..rank-1 (fp16 in fp32)."""
     x = np.asarray(x)
