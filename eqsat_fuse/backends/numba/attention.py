@@ -17,11 +17,10 @@ from .emitter import Emitter
 from .flash import workspace
 from .spaces import Unsupported, broadcast_layout
 
-# query rows and keys per block. At sequence 1024, 12 heads of 64, one thread (the first,
-# BLAS-based version of the runtime): 64 x 256 took 50.6 ms, 128 x 512 45.4, 256 x 512 44.4,
-# 32 x 512 55.9; BQ a multiple of the microkernel's 12 rows, BK of its 32 columns
-BLOCK_QUERIES = 120
-BLOCK_KEYS = 512
+# queries and keys per block: the block's scores (BK x BQ floats, 240 KiB) stay in L2; BK a
+# multiple of the microkernel's 12 rows and 32 columns
+BLOCK_QUERIES = 128
+BLOCK_KEYS = 480
 
 
 def _strides(lay, shape) -> list[int]:

@@ -1,16 +1,18 @@
 """The FusedAttention runtime: softmax(q @ kt (* or / scale) (+ mask)) @ v, flash style, on
 the packed GEMM's microkernel (`packed_gemm`), the scores never in memory.
 
-Each head is one task (threads take heads in turn). A task packs its kt into panels of NR
-columns and its v into panels of NR columns (`packed_gemm.pack`'s layout: the microkernel's B),
-then walks its queries in blocks of BQ rows, packed into row tiles of MR (the microkernel's A).
-For each block of BK keys: the block's scores (one microkernel call per row tile and panel, into
-an L2-resident BQ x BK tile), the model's scale (times or over the one-element `sc`, `how` 1 or
-2) and mask, then the online softmax: a running row max m, sum l and output accumulator, the
-accumulator rescaled by exp(m_old - m_new) when the max grows; the probabilities are packed
-into row tiles and multiplied by the block's rows of v. The scale and the mask are applied as
-the model applies them (no fused multiply-add: this module has no fast-math flags), so the
-scores are the unfused program's; the sums differ by their order only.
+Each head is one task (threads take heads in turn). A task packs its keys in row tiles of MR
+(the microkernel's A, `packed_gemm.pack_rows`'s layout) and its v in panels of NR columns (its
+B, `packed_gemm.pack`'s), then walks its queries in blocks of BQ, each block's q^T packed in
+panels. For each block of BK keys: the block's scores, transposed (keys by queries: one
+microkernel call per tile of keys and panel of queries, into an L2-resident BK x BQ tile), the
+model's scale (times or over the one-element `sc`, `how` 1 or 2) and mask, then the online
+softmax along the queries: a running max m, sum l and output accumulator per query, the
+accumulator rescaled by exp(m_old - m_new) when the max grows. The probabilities are read by
+the A-table microkernel where they lie (A[i, k] at k BQ + i) and multiplied by the block's
+rows of v: nothing is packed per block but q. The scale and the mask are applied as the model
+applies them (no fused multiply-add: this module has no fast-math flags), so the scores are the
+unfused program's; the sums differ by their order only.
 
 A row whose scores are all -inf, or hold +inf or NaN, gives NaN, as Softmax does (a block of
 -inf scores before the row's first finite one weighs 0, as exp(-inf - max) does); with no keys
@@ -26,24 +28,22 @@ from numba import njit, prange
 
 from .approx import exp_f32
 from .calls import F32_ARRAY, I64, runtime_entry
-from .kernels import exp_shift, row_max, row_sum
-from .packed_gemm import MR, NR, _tile
+from .packed_gemm import MR, NR, _gather_tile, _tile
 
 U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
 _OPTS = dict(cache=True, error_model="numpy")
 
 
 def workspace(Sq: int, Sk: int, D: int, Dv: int, BQ: int, BK: int) -> int:
-    """Floats of workspace one task (thread) needs."""
-    tiles = -(-BQ // MR) * MR
-    return (-(-Sk // NR) * NR * D + -(-Dv // NR) * NR * Sk + tiles * D + BQ * BK
-            + tiles * BK + 2 * BQ * Dv + 2 * BQ + 64)
+    """Floats of workspace one task (thread) needs: its head's packed keys, values and block of
+    queries (the block's scores and accumulators are the task's own arrays)."""
+    return -(-Sk // MR) * MR * D + -(-Dv // NR) * NR * Sk + -(-BQ // NR) * NR * D + 64
 
 
 @njit(**_OPTS)
 def _panels(x, off, sr, sc, rows, cols, dst, d0):
     """dst[d0 + (p rows + r) NR + j] = x[off + r sr + (p NR + j) sc], zero past `cols`: the
-    matrix in panels of NR columns (`packed_gemm.pack`)."""
+    matrix in panels of NR columns (`packed_gemm.pack`, the microkernel's B)."""
     for p in range(-(-cols // NR)):
         base = d0 + p * rows * NR
         c0 = p * NR
@@ -59,7 +59,7 @@ def _panels(x, off, sr, sc, rows, cols, dst, d0):
 @njit(**_OPTS)
 def _row_tiles(x, off, sr, sc, rows, cols, dst, d0):
     """dst[d0 + t MR cols + c MR + i] = x[off + (t MR + i) sr + c sc], zero past `rows`: the
-    matrix in row tiles of MR (`packed_gemm.pack_rows`)."""
+    matrix in row tiles of MR (`packed_gemm.pack_rows`, the microkernel's A)."""
     for t in range(-(-rows // MR)):
         base = d0 + t * MR * cols
         top = t * MR
@@ -72,83 +72,120 @@ def _row_tiles(x, off, sr, sc, rows, cols, dst, d0):
 
 
 @njit(**_OPTS)
-def _product(ws, a0, m, k, b0, bstride, n, c0, ldc):
-    """ws[c0 + i ldc + j] = sum_k A[i, k] B[k, j], i < m, j < n: A in row tiles from a0, B in
-    panels from b0, `bstride` floats from one panel to the next."""
+def _scores(ws, KA, QP, j0, n, m, D, st, BQ):
+    """st[k BQ + i] = sum_d K[j0 + k, d] Q[i, d], k < n, i < m: the block's scores transposed,
+    keys by queries (K in row tiles from ws[KA], Q^T in panels from ws[QP])."""
     pw = ws.ctypes.data
-    for t in range(-(-m // MR)):
-        mr = min(MR, m - t * MR)
-        for p in range(-(-n // NR)):
-            _tile(mr, pw + 4 * (a0 + t * MR * k), pw + 4 * (b0 + p * bstride),
-                  pw + 4 * (c0 + t * MR * ldc + p * NR), ldc, k, min(NR, n - p * NR))
+    ps = st.ctypes.data
+    for t in range(-(-n // MR)):
+        mr = min(MR, n - t * MR)
+        for p in range(-(-m // NR)):
+            _tile(mr, pw + 4 * (KA + (j0 + t * MR) * D), pw + 4 * (QP + p * D * NR),
+                  ps + 4 * (t * MR * BQ + p * NR), BQ, D, min(NR, m - p * NR))
+
+
+@njit(**_OPTS)
+def _weighted(st, table, ws, VP, j0, n, m, Sk, Dv, ot):
+    """ot[i Dv + j] = sum_k st[k BQ + i] V[j0 + k, j]: the block's probabilities (transposed,
+    read through the offsets `table`: A[i, k] at st + table[k] + i) times its rows of v (V in
+    panels from ws[VP])."""
+    pw = ws.ctypes.data
+    ps = st.ctypes.data
+    pt = table.ctypes.data
+    po = ot.ctypes.data
+    for q in range(-(-m // MR)):
+        mr = min(MR, m - q * MR)
+        for p in range(-(-Dv // NR)):
+            _gather_tile(mr, ps + 4 * q * MR, pt, pw + 4 * (VP + p * Sk * NR + j0 * NR),
+                         po + 4 * (q * MR * Dv + p * NR), Dv, n, min(NR, Dv - p * NR))
+
+
+@njit(**_OPTS)
+def _block_max(st, k0, m, new):
+    """new[i] = max(new[i], st[k0 + i]), NaN kept."""
+    for i in range(m):
+        s = st[U(k0 + i)]
+        t = new[U(i)]
+        new[U(i)] = s if (s > t or s != s) else t
+
+
+@njit(**_OPTS)
+def _block_exp(st, k0, m, new, total):
+    """st[k0 + i] = exp(st[k0 + i] - new[i]) (0 where new[i] is -inf: no finite score yet,
+    these keys weigh 0), summed into total[i]."""
+    for i in range(m):
+        top = new[U(i)]
+        e = np.float32(0.0) if top == -np.inf else exp_f32(st[U(k0 + i)] - top)
+        st[U(k0 + i)] = e
+        total[U(i)] += e
 
 
 @njit(**_OPTS)
 def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_mask, sc, how,
           out, o0, Sq, Sk, D, Dv, ws, w0, BQ, BK):
-    """One head: out[o0 + i Dv + j] for i < Sq, j < Dv (see the module doc)."""
-    tiles = -(-BQ // MR) * MR
-    KP = w0
-    VP = KP + -(-Sk // NR) * NR * D
-    QA = VP + -(-Dv // NR) * NR * Sk
-    S = QA + tiles * D
-    PA = S + BQ * BK
-    T = PA + tiles * BK
-    A = T + BQ * Dv
-    M = A + BQ * Dv
-    L = M + BQ
-    _panels(kt, k0, kr, kc, D, Sk, ws, KP)
+    """One head: out[o0 + i Dv + j] for i < Sq, j < Dv (see the module doc). The scores of a
+    block are kept transposed (keys by queries), so the softmax's loops run along the queries
+    (16 at a time) and the probabilities feed the second product as they lie."""
+    KA = w0
+    VP = KA + -(-Sk // MR) * MR * D
+    QP = VP + -(-Dv // NR) * NR * Sk
+    st = np.empty(BK * BQ, np.float32)
+    ot = np.empty(BQ * Dv, np.float32)
+    acc = np.empty(BQ * Dv, np.float32)
+    best = np.empty(BQ, np.float32)
+    new = np.empty(BQ, np.float32)
+    total = np.empty(BQ, np.float32)
+    corr = np.empty(BQ, np.float32)
+    table = np.empty(BK + 16, np.int64)
+    for k in range(BK + 16):
+        table[k] = (k if k < BK else 0) * BQ
+    _row_tiles(kt, k0, kc, kr, Sk, D, ws, KA)          # K[k, d] = kt[d, k]
     _panels(v, v0, vr, vc, Sk, Dv, ws, VP)
     for i0 in range(0, Sq, BQ):
         m = min(BQ, Sq - i0)
-        _row_tiles(q, q0 + i0 * qr, qr, qc, m, D, ws, QA)
-        for i in range(m):
-            ws[U(M + i)] = -np.inf
-            ws[U(L + i)] = 0.0
-        for i in range(m * Dv):
-            ws[U(A + i)] = 0.0
+        _panels(q, q0 + i0 * qr, qc, qr, D, m, ws, QP)  # Q^T[d, i] = q[i, d]
+        best[:] = -np.inf
+        total[:] = 0.0
+        acc[:] = 0.0
         for j0 in range(0, Sk, BK):
             n = min(BK, Sk - j0)
-            _product(ws, QA, m, D, KP + j0 * D, D * NR, n, S, BK)
-            for i in range(m):
-                row = ws[S + i * BK:S + i * BK + n]
+            _scores(ws, KA, QP, j0, n, m, D, st, BQ)
+            new[:] = best
+            for k in range(n):
+                row = st[k * BQ:k * BQ + m]
                 if how == 1:
-                    for j in range(n):
-                        row[U(j)] = row[U(j)] * sc[0]
+                    row *= sc[0]
                 elif how == 2:
-                    for j in range(n):
-                        row[U(j)] = row[U(j)] / sc[0]
+                    row /= sc[0]
                 if has_mask:
-                    r0 = m0 + (i0 + i) * mq + j0 * mk
-                    for j in range(n):
-                        row[U(j)] = row[U(j)] + mask[U(r0 + j * mk)]
-                old = ws[U(M + i)]
-                top = row_max(row, n)
-                new = top if (top > old or top != top) else old
-                corr = exp_f32(old - new) if old > -np.inf else np.float32(0.0)
-                if new == -np.inf:          # no finite score yet: these keys weigh 0
-                    for j in range(n):
-                        row[U(j)] = np.float32(0.0)
-                else:
-                    exp_shift(row, n, new)
-                ws[U(L + i)] = ws[U(L + i)] * corr + row_sum(row, n)
-                ws[U(M + i)] = new
-                if corr != 1.0:
-                    for d in range(Dv):
-                        ws[U(A + i * Dv + d)] *= corr
-            _row_tiles(ws, S, BK, 1, m, n, ws, PA)
-            _product(ws, PA, m, n, VP + j0 * NR, Sk * NR, Dv, T, Dv)
-            for i in range(m * Dv):
-                ws[U(A + i)] += ws[U(T + i)]
+                    r0 = m0 + i0 * mq + (j0 + k) * mk
+                    if mq == 0:
+                        row += mask[U(r0)]
+                    else:
+                        for i in range(m):
+                            row[U(i)] = row[U(i)] + mask[U(r0 + i * mq)]
+                _block_max(st, k * BQ, m, new)
+            for i in range(m):
+                old = best[U(i)]
+                corr[U(i)] = exp_f32(old - new[U(i)]) if old > -np.inf else np.float32(0.0)
+                total[U(i)] *= corr[U(i)]
+            best[:] = new
+            for k in range(n):
+                _block_exp(st, k * BQ, m, new, total)
+            _weighted(st, table, ws, VP, j0, n, m, Sk, Dv, ot)
+            for i in range(m):
+                c = corr[U(i)]
+                for d in range(Dv):
+                    acc[U(i * Dv + d)] = acc[U(i * Dv + d)] * c + ot[U(i * Dv + d)]
         for i in range(m):
             o = o0 + (i0 + i) * Dv
             if Sk == 0:
                 for d in range(Dv):
                     out[U(o + d)] = 0.0
                 continue
-            inv = np.float32(1.0) / ws[U(L + i)]
+            inv = np.float32(1.0) / total[U(i)]
             for d in range(Dv):
-                out[U(o + d)] = ws[U(A + i * Dv + d)] * inv
+                out[U(o + d)] = acc[U(i * Dv + d)] * inv
 
 
 @njit(parallel=True, **_OPTS)
