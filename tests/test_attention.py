@@ -173,3 +173,25 @@ def test_the_scores_never_reach_memory_and_the_export_runs_in_onnxruntime():
     x = np.random.default_rng(4).standard_normal((1, S, 64)).astype(F)
     np.testing.assert_allclose(onnxruntime_outputs(exported, {"x": x})[0],
                                onnxruntime_outputs(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_blocks_a_causal_mask_removes_are_skipped_exactly():
+    """A causal mask as exporters write it (-3.4e38 above the diagonal, not -inf) over several
+    blocks of keys, and a padding row whose every key is masked: the blocks the mask removes
+    from a whole block of queries are skipped (their weights are exactly 0), the padding row
+    keeps its softmax over the masked keys, as the unfused program computes them."""
+    S = numba_attention.BLOCK_KEYS + 200
+    model = direct((1, 2, S, 16), (1, 2, 16, S), (1, 2, S, 16), (1, 1, S, S))
+    rng = np.random.default_rng(5)
+    feeds = {"q": rng.standard_normal((1, 2, S, 16)).astype(F),
+             "kt": rng.standard_normal((1, 2, 16, S)).astype(F),
+             "v": rng.standard_normal((1, 2, S, 16)).astype(F)}
+    lowest = np.finfo(F).min
+    mask = np.triu(np.full((S, S), lowest, F), 1)
+    mask[5] = lowest                          # a row with no key left
+    feeds["m"] = mask.reshape(1, 1, S, S)
+    want = onnxruntime_outputs(model, feeds)[0]
+    assert np.isfinite(want).all()
+    for threads in (1, 2):
+        got = ef.compile(model, backend="numba", threads=threads).run(feeds)["o"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

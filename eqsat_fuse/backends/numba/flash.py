@@ -10,7 +10,9 @@ model's scale (times or over the one-element `sc`, `how` 1 or 2) and mask, then 
 softmax along the queries: a running max m, sum l and output accumulator per query, the
 accumulator rescaled by exp(m_old - m_new) when the max grows. The probabilities are read by
 the A-table microkernel where they lie (A[i, k] at k BQ + i) and multiplied by the block's
-rows of v: nothing is packed per block but q. The scale and the mask are applied as the model
+rows of v: nothing is packed per block but q. A block of keys that the mask gives weight 0
+for every query of the block (a causal mask's blocks above the diagonal) is skipped where that
+is exact (`_head`). The scale and the mask are applied as the model
 applies them (no fused multiply-add: this module has no fast-math flags), so the scores are the
 unfused program's; the sums differ by their order only.
 
@@ -28,6 +30,7 @@ from numba import njit, prange
 
 from .approx import exp_f32
 from .calls import F32_ARRAY, I64, runtime_entry
+from .kernels import row_max
 from .packed_gemm import MR, NR, _gather_tile, _tile
 
 U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
@@ -121,6 +124,55 @@ def _block_exp(st, k0, m, new, total):
 
 
 @njit(**_OPTS)
+def _absmax(x, off, sr, sc, rows, cols):
+    """max |x[off + r sr + c sc]|, inf if any element is NaN (0 for no element)."""
+    top = np.float32(0.0)
+    for r in range(rows):
+        for c in range(cols):
+            a = abs(x[U(off + r * sr + c * sc)])
+            if not a <= top:
+                top = a if a == a else np.float32(np.inf)
+    return top
+
+
+@njit(**_OPTS)
+def _mask_block(mask, r0, m, n, mq, mk):
+    """(the largest mask value of the block, NaN if it holds one; whether every query row of
+    it equals the first): a padding mask expanded over the queries, or a causal mask's blocks
+    off the diagonal, are one row of values for all queries."""
+    top = np.float32(-np.inf)
+    same = True
+    for i in range(m if mq else 1):
+        row = r0 + i * mq
+        if mk == 1:
+            t = row_max(mask[row:row + n], n)
+        else:
+            t = np.float32(-np.inf)
+            for k in range(n):
+                x = mask[U(row + k * mk)]
+                t = x if (x > t or x != x) else t
+        top = t if (t > top or t != t) else top
+        if i and same:
+            differ = 0
+            for k in range(n):
+                differ += mask[U(row + k * mk)] != mask[U(r0 + k * mk)]
+            same = differ == 0
+    return top, same
+
+
+@njit(**_OPTS)
+def _add_mask_rows(st, BQ, mask, r0, m, n, mq, mk):
+    """st[k BQ + i] += mask[r0 + i mq + k mk]: a mask whose rows differ, added to the
+    transposed scores in strips of 16 keys (their lines of st stay in L1 along the queries)."""
+    for k0 in range(0, n, 16):
+        k1 = min(k0 + 16, n)
+        for i in range(m):
+            row = r0 + i * mq
+            for k in range(k0, k1):
+                st[U(k * BQ + i)] = st[U(k * BQ + i)] + mask[U(row + k * mk)]
+
+
+@njit(**_OPTS)
 def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_mask, sc, how,
           out, o0, Sq, Sk, D, Dv, ws, w0, BQ, BK):
     """One head: out[o0 + i Dv + j] for i < Sq, j < Dv (see the module doc). The scores of a
@@ -141,29 +193,42 @@ def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_ma
         table[k] = (k if k < BK else 0) * BQ
     _row_tiles(kt, k0, kc, kr, Sk, D, ws, KA)          # K[k, d] = kt[d, k]
     _panels(v, v0, vr, vc, Sk, Dv, ws, VP)
+    # a block of keys whose every probability is exactly 0 for every query of a block is
+    # skipped: a causal mask above the diagonal (-inf, or the -3.4e38 of most exporters). That
+    # holds when q, k and v are finite, |q.k| * scale <= `bound` (no overflow, no inf - inf),
+    # and each query's running max, from the blocks before, exceeds the block's largest mask
+    # value plus `bound` by more than 104: exp of the difference is 0 in float32 (subnormals
+    # included), as the unfused softmax computes it, and 0 times a finite v adds 0
+    kbound = np.float32(np.inf)
+    if has_mask and _absmax(v, v0, vr, vc, Sk, Dv) < np.inf:
+        factor = abs(sc[0]) if how == 1 else (1 / abs(sc[0]) if how == 2 else 1.0)
+        kbound = D * _absmax(kt, k0, kr, kc, D, Sk) * factor
     for i0 in range(0, Sq, BQ):
         m = min(BQ, Sq - i0)
         _panels(q, q0 + i0 * qr, qc, qr, D, m, ws, QP)  # Q^T[d, i] = q[i, d]
+        bound = kbound * _absmax(q, q0 + i0 * qr, qr, qc, m, D) if has_mask else np.inf
         best[:] = -np.inf
         total[:] = 0.0
         acc[:] = 0.0
         for j0 in range(0, Sk, BK):
             n = min(BK, Sk - j0)
+            r0 = m0 + i0 * mq + j0 * mk
+            same = True
+            if has_mask:
+                top, same = _mask_block(mask, r0, m, n, mq, mk)
+                if bound < 1e37 and top + bound < best[:m].min() - 104:
+                    continue
             _scores(ws, KA, QP, j0, n, m, D, st, BQ)
+            if how == 1:
+                st[:n * BQ] *= sc[0]
+            elif how == 2:
+                st[:n * BQ] /= sc[0]
+            if has_mask and not same:
+                _add_mask_rows(st, BQ, mask, r0, m, n, mq, mk)
             new[:] = best
             for k in range(n):
-                row = st[k * BQ:k * BQ + m]
-                if how == 1:
-                    row *= sc[0]
-                elif how == 2:
-                    row /= sc[0]
-                if has_mask:
-                    r0 = m0 + i0 * mq + (j0 + k) * mk
-                    if mq == 0:
-                        row += mask[U(r0)]
-                    else:
-                        for i in range(m):
-                            row[U(i)] = row[U(i)] + mask[U(r0 + i * mq)]
+                if has_mask and same:
+                    st[k * BQ:k * BQ + m] += mask[U(r0 + k * mk)]
                 _block_max(st, k * BQ, m, new)
             for i in range(m):
                 old = best[U(i)]
