@@ -12,7 +12,9 @@ then
     .venv/bin/python bench/models.py /work/bench-models/*.onnx
 
 NAME is one of the specs below, or of VARIANTS (DenseNet-121, dynamo-exported BERT and GPT-2
-blocks; the dynamo exporter needs onnxscript in the export venv) (default: all).
+blocks; the dynamo exporter needs onnxscript in the export venv), or `attention` for the
+encoder and decoder layers of bench/attention.py at every length of ATTENTION_SEQS (default:
+all).
 """
 
 from __future__ import annotations
@@ -98,6 +100,30 @@ SPECS = [
                  use_cache=False, attn_implementation="eager"),
             TEXT128, 17, ["last_hidden_state"]),
 ]
+
+# one encoder layer and one decoder layer at growing sequence lengths, for bench/attention.py
+# (issue 14: fused attention; a small vocabulary, the layers are what is measured)
+ATTENTION_SEQS = (128, 512, 1024, 4096)
+for _seq in ATTENTION_SEQS:
+    _text = {"input_ids": ((1, _seq), "int64"), "attention_mask": ((1, _seq), "int64")}
+    SPECS += [
+        em.Spec(f"attn_encoder_{_seq}",
+                f"One BERT-base encoder layer (hidden 768, 12 heads), sequence {_seq}, padding "
+                "mask.",
+                "BertConfig", "BertModel",
+                dict(vocab_size=1000, hidden_size=768, num_hidden_layers=1,
+                     num_attention_heads=12, intermediate_size=3072,
+                     max_position_embeddings=_seq, attn_implementation="eager"),
+                _text, 17, ["last_hidden_state"]),
+        em.Spec(f"attn_decoder_{_seq}",
+                f"One Llama-style decoder layer (hidden 512, 8 heads, 2 KV heads, causal, "
+                f"rotary, SwiGLU 1408), sequence {_seq}.",
+                "LlamaConfig", "LlamaModel",
+                dict(vocab_size=1000, hidden_size=512, intermediate_size=1408,
+                     num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=2,
+                     max_position_embeddings=_seq, use_cache=False,
+                     attn_implementation="eager"),
+                _text, 17, ["last_hidden_state"])]
 
 
 # ---------------------------------------------------------------- exporter variants (issue 14)
@@ -230,6 +256,9 @@ def main(argv: list[str]) -> int:
     import torch
     torch.use_deterministic_algorithms(True)
     wanted = set(argv)
+    if "attention" in wanted:
+        wanted = (wanted - {"attention"}) | {f"attn_{kind}_{seq}" for seq in ATTENTION_SEQS
+                                             for kind in ("encoder", "decoder")}
     failed = []
     if not wanted or wanted & set(VARIANTS):
         failed += export_variants(out, wanted & set(VARIANTS))

@@ -195,3 +195,17 @@ def test_blocks_a_causal_mask_removes_are_skipped_exactly():
     for threads in (1, 2):
         got = ef.compile(model, backend="numba", threads=threads).run(feeds)["o"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_explain_gives_what_fused_attention_is_worth_and_the_fused_op_count():
+    """The cost model's choice, per shape: `--explain`'s fusion values price the best program
+    without FusedAttention (the exported kernels), and the report counts the fused op."""
+    worth = {}
+    for S in (8, 600):
+        compiled = ef.compile(projected(S), backend="numpy")
+        value = next(v for v in compiled.extraction.fusion_values()
+                     if v.ops == ["FusedAttention"])
+        assert value.without_cost is not None and value.saving > 0
+        worth[S] = value.saving / value.with_cost
+        assert compiled.report.fusions["FusedAttention"] == 1
+    assert worth[600] > worth[8]          # the scores it keeps out of memory grow as S^2

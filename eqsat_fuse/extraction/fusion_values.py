@@ -30,8 +30,9 @@ def fusion_values(eg: SerializedEGraph, model: CostModel, extraction: Extraction
                   extractor: str | None = None, **options) -> list[FusionValue]:
     """For each fused kernel (a body of more than one operation), re-extract with that kernel's
     inline classes forced to be boundaries: every node reading one of them inline is forbidden,
-    so the cheapest program must read it from a `Mat`. Uses the extraction's own extractor
-    unless told otherwise.
+    so the cheapest program must read it from a `Mat`; for a FusedAttention kernel, with that
+    node forbidden (the cost model's choice between it and the unfused form, per shape). Uses
+    the extraction's own extractor unless told otherwise.
     """
     name = extractor or extraction.extractor
     choice = extraction.choice
@@ -42,13 +43,18 @@ def fusion_values(eg: SerializedEGraph, model: CostModel, extraction: Extraction
                 consumers.setdefault(ch, []).append(index)
     values = []
     for k, kc in extraction.kernels.items():
-        if kc.alias or len(kc.ops) < 2:
+        if kc.alias or (len(kc.ops) < 2 and kc.ops != ["FusedAttention"]):
             continue
         node = eg.nodes[choice[k]]
         body = node.children[0] if node.op == "Mat" else k
-        inline = inline_classes(eg, choice, extraction.constant, body)
-        forbid = {n for c in inline if c != body and eg.class_sort[c] == "T"
-                  for n in consumers.get(c, ())}
+        if len(kc.ops) < 2:
+            # one operation that stands for several (FusedAttention): without it, the best
+            # program computes its class another way (the exported kernels)
+            forbid = {choice[body]}
+        else:
+            inline = inline_classes(eg, choice, extraction.constant, body)
+            forbid = {n for c in inline if c != body and eg.class_sort[c] == "T"
+                      for n in consumers.get(c, ())}
         try:
             without = extract(eg, extraction.roots, model, name, objective=extraction.objective,
                               forbid=forbid, **options).cost

@@ -97,9 +97,9 @@ class Report:
     def fusions(self) -> dict[str, int]:
         """What was fused, as onnxruntime's fusion statistics count it: pattern -> count, from
         the kernels. The operators that rules recognize in their decomposed forms ("Gelu",
-        "LayerNormalization") as the program runs them (recognized, or written so in the
-        model), then each fused kernel's shape, its ops in order ("Conv+Relu",
-        "MatMul+Add+Gelu")."""
+        "LayerNormalization", "FusedAttention") as the program runs them (recognized, or
+        written so in the model), then each fused kernel's shape, its ops in order
+        ("Conv+Relu", "MatMul+Add+Gelu")."""
         counts: dict[str, int] = {}
         for op in RECOGNIZED:
             n = sum(k.ops.count(op) for k in self.kernels if k.kind == "compute")
@@ -172,9 +172,10 @@ class Report:
         return "\n".join(lines)
 
 
-# The operators `Report.fusions` counts on their own (summary: "fused ops"): Gelu and
-# LayerNormalization, which the fuse rules recognize in their decomposed forms.
-RECOGNIZED = ("Gelu", "LayerNormalization")
+# The operators `Report.fusions` counts on their own (summary: "fused ops"): Gelu,
+# LayerNormalization and FusedAttention, which the fuse rules recognize in their decomposed
+# forms.
+RECOGNIZED = ("Gelu", "LayerNormalization", "FusedAttention")
 
 
 def _extraction_note(details: dict[str, Any]) -> str:
