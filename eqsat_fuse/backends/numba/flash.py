@@ -1,7 +1,8 @@
 """The FusedAttention runtime: softmax(q @ kt (* or / scale) (+ mask)) @ v, flash style, on
 the packed GEMM's microkernel (`packed_gemm`), the scores never in memory.
 
-Each head is one task (threads take heads in turn). A task packs its keys in row tiles of MR
+Each head is one task (threads take heads in turn). A head of fewer queries than the
+microkernel's MR rows (a decode step) is computed row by row instead (`_head_rows`). A task packs its keys in row tiles of MR
 (the microkernel's A, `packed_gemm.pack_rows`'s layout) and its v in panels of NR columns (its
 B, `packed_gemm.pack`'s), then walks its queries in blocks of BQ, each block's q^T packed in
 panels. For each block of BK keys: the block's scores, transposed (keys by queries: one
@@ -30,7 +31,7 @@ from numba import njit, prange
 
 from .approx import exp_f32
 from .calls import F32_ARRAY, I64, runtime_entry
-from .kernels import row_max
+from .kernels import exp_shift, row_max, row_sum
 from .packed_gemm import MR, NR, _gather_tile, _tile
 
 U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
@@ -253,6 +254,53 @@ def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_ma
                 out[U(o + d)] = acc[U(i * Dv + d)] * inv
 
 
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def _dot(x, xo, xs, y, yo, ys, n):
+    """sum(x[xo + i xs] * y[yo + i ys]) for i < n, in any order (`reassoc`: 16 lanes): a
+    contraction's sum, whose order the numerics contract leaves open, as a blocked GEMM's."""
+    total = np.float32(0.0)
+    for i in range(n):
+        total += x[U(xo + i * xs)] * y[U(yo + i * ys)]
+    return total
+
+
+@njit(**_OPTS)
+def _head_rows(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_mask, sc,
+               how, out, o0, Sq, Sk, D, Dv):
+    """One head of fewer queries than a row tile (a decode step's one token): each query's
+    scores, softmax and weighted sum of v in place, reading k and v once, unpacked (packing
+    them would cost more than the products). The softmax is the unfused one's, row by row."""
+    row = np.empty(Sk, np.float32)
+    acc = np.empty(Dv, np.float32)
+    for i in range(Sq):
+        o = o0 + i * Dv
+        if Sk == 0:
+            for j in range(Dv):
+                out[U(o + j)] = 0.0
+            continue
+        qi = q0 + i * qr
+        for k in range(Sk):
+            row[U(k)] = _dot(q, qi, qc, kt, k0 + k * kc, kr, D)
+        if how == 1:
+            row *= sc[0]
+        elif how == 2:
+            row /= sc[0]
+        if has_mask:
+            r0 = m0 + i * mq
+            for k in range(Sk):
+                row[U(k)] = row[U(k)] + mask[U(r0 + k * mk)]
+        exp_shift(row, Sk, row_max(row, Sk))
+        inv = np.float32(1.0) / row_sum(row, Sk)
+        acc[:] = 0.0
+        for k in range(Sk):
+            weight = row[U(k)]
+            base = v0 + k * vr
+            for j in range(Dv):
+                acc[U(j)] += weight * v[U(base + j * vc)]
+        for j in range(Dv):
+            out[U(o + j)] = acc[U(j)] * inv
+
+
 @njit(parallel=True, **_OPTS)
 def attention(q, qo, qb, qh, qr, qc, kt, ko, kb, kh, kr, kc, v, vo, vb, vh, vr, vc,
               mask, mo, mb, mh, mq, mk, has_mask, sc, how, out, H, BH, Sq, Sk, D, Dv,
@@ -263,10 +311,15 @@ def attention(q, qo, qb, qh, qr, qc, kt, ko, kb, kh, kr, kc, v, vo, vb, vh, vr, 
         for bh in range(p, BH, parts):
             b = bh // H
             h = bh - b * H
-            _head(q, qo + b * qb + h * qh, qr, qc, kt, ko + b * kb + h * kh, kr, kc,
-                  v, vo + b * vb + h * vh, vr, vc, mask, mo + b * mb + h * mh, mq, mk,
-                  has_mask, sc, how, out, bh * Sq * Dv, Sq, Sk, D, Dv, ws, wo + p * per,
-                  BQ, BK)
+            if Sq < MR:
+                _head_rows(q, qo + b * qb + h * qh, qr, qc, kt, ko + b * kb + h * kh, kr, kc,
+                           v, vo + b * vb + h * vh, vr, vc, mask, mo + b * mb + h * mh, mq,
+                           mk, has_mask, sc, how, out, bh * Sq * Dv, Sq, Sk, D, Dv)
+            else:
+                _head(q, qo + b * qb + h * qh, qr, qc, kt, ko + b * kb + h * kh, kr, kc,
+                      v, vo + b * vb + h * vh, vr, vc, mask, mo + b * mb + h * mh, mq, mk,
+                      has_mask, sc, how, out, bh * Sq * Dv, Sq, Sk, D, Dv, ws,
+                      wo + p * per, BQ, BK)
 
 
 attention_entry = runtime_entry(
