@@ -69,6 +69,9 @@ class OpSpec:
     # (`result_dtype`: the integer contractions' int32)
     dtype_of: str = ""
     result_dtype: str = ""
+    # an ONNX operator of the same name, which the importer reads one to one; False for a
+    # term of the language only (FusedAttention: what rules make of several ONNX nodes)
+    onnx: bool = True
 
     @property
     def dtype_slot(self) -> int:
@@ -91,7 +94,7 @@ class OpSpec:
 
 def _spec(name, inputs, attrs=(), kind="elementwise", optional=(), fused=None, short="", *,
           ref=None, scalar=None, scalar_f32=None, integers=False, domain="any", plain=None,
-          defaults=None, dtype_of="", result_dtype=""):
+          defaults=None, dtype_of="", result_dtype="", onnx=True):
     """`fused`: the elementwise op's fused input slots (default: all of them); `plain`: whether
     ONNX writes it one to one (default: an elementwise op without attributes, or one whose
     attribute `defaults` are given)."""
@@ -101,7 +104,7 @@ def _spec(name, inputs, attrs=(), kind="elementwise", optional=(), fused=None, s
         plain = kind == "elementwise" and (not attrs or defaults is not None)
     return OpSpec(name, tuple(inputs), tuple(attrs), kind, tuple(optional), tuple(fused), short,
                   ref, scalar, scalar_f32, integers, domain, plain,
-                  tuple((defaults or {}).items()), dtype_of, result_dtype)
+                  tuple((defaults or {}).items()), dtype_of, result_dtype, onnx)
 
 
 _SPECS = [
@@ -175,7 +178,7 @@ _SPECS = [
           ref=npo.gemm),
     # attention in one kernel: the scores never reach memory (rules/fuse.egg: attention-*)
     _spec("FusedAttention", ["q", "kt", "v", "mask", "scale"], ["how"], "anchor",
-          ["mask", "scale"], short="attention", ref=npo.fused_attention),
+          ["mask", "scale"], short="attention", ref=npo.fused_attention, onnx=False),
     # reductions: row and window kernels
     _spec("Softmax", ["x"], ["axis"], "reduction", ref=npo.softmax),
     _spec("LayerNormalization", ["x", "scale", "bias"], ["axis", "epsilon"], "reduction", ["bias"],
@@ -214,7 +217,7 @@ OPS: dict[str, OpSpec] = {s.name: s for s in _SPECS}
 # Constant and DynamicQuantizeLinear are rewritten by the importer into these; everything else
 # becomes Opaque).
 COVERED_ONNX_OPS = frozenset(
-    name for name, s in OPS.items() if s.kind not in ("leaf", "structure", "opaque")
+    name for name, s in OPS.items() if s.kind not in ("leaf", "structure", "opaque") and s.onnx
 ) | {"Sum", "Shape", "Constant", "DynamicQuantizeLinear"}
 
 

@@ -32,7 +32,8 @@ needs_two = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
 
 def _attention_like(rng, heads=8, seq=128, dim=64):
     """softmax(q @ k^T * s) @ v over activations: batched products of two buffers, which
-    run through BLAS on every CPU."""
+    run through BLAS on every CPU. The scale is one per key, so no FusedAttention forms (its
+    rules take a one-element scale): the products stay batched MatMuls."""
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
              helper.make_node("MatMul", ["q", "kt"], ["s0"]),
              helper.make_node("Mul", ["s0", "scale"], ["s"]),
@@ -40,7 +41,7 @@ def _attention_like(rng, heads=8, seq=128, dim=64):
              helper.make_node("MatMul", ["p", "v"], ["y"])]
     shape = [heads, seq, dim]
     return make_model(nodes, [("q", shape), ("k", shape), ("v", shape)], [("y", shape)],
-                      {"scale": np.array(dim ** -0.5, np.float32)})
+                      {"scale": np.full(seq, dim ** -0.5, np.float32)})
 
 
 def _dense(rng, rows=128, k=256, n=384):

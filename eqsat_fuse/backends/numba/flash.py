@@ -45,34 +45,20 @@ def workspace(Sq: int, Sk: int, D: int, Dv: int, BQ: int, BK: int) -> int:
 
 
 @njit(**_OPTS)
-def _panels(x, off, sr, sc, rows, cols, dst, d0):
-    """dst[d0 + (p rows + r) NR + j] = x[off + r sr + (p NR + j) sc], zero past `cols`: the
-    matrix in panels of NR columns (`packed_gemm.pack`, the microkernel's B)."""
-    for p in range(-(-cols // NR)):
-        base = d0 + p * rows * NR
-        c0 = p * NR
-        nc = min(NR, cols - c0)
+def _panels(x, off, sr, sc, rows, cols, width, dst, d0):
+    """dst[d0 + (p rows + r) width + j] = x[off + r sr + (p width + j) sc], zero past `cols`:
+    the matrix in panels of `width` columns. Panels of NR are the microkernel's B
+    (`packed_gemm.pack`); panels of MR of a matrix's transpose are its A (`pack_rows`)."""
+    for p in range(-(-cols // width)):
+        base = d0 + p * rows * width
+        c0 = p * width
+        nc = min(width, cols - c0)
         for r in range(rows):
             src = off + r * sr + c0 * sc
             for j in range(nc):
-                dst[U(base + r * NR + j)] = x[U(src + j * sc)]
-            for j in range(nc, NR):
-                dst[U(base + r * NR + j)] = np.float32(0)
-
-
-@njit(**_OPTS)
-def _row_tiles(x, off, sr, sc, rows, cols, dst, d0):
-    """dst[d0 + t MR cols + c MR + i] = x[off + (t MR + i) sr + c sc], zero past `rows`: the
-    matrix in row tiles of MR (`packed_gemm.pack_rows`, the microkernel's A)."""
-    for t in range(-(-rows // MR)):
-        base = d0 + t * MR * cols
-        top = t * MR
-        nr = min(MR, rows - top)
-        for c in range(cols):
-            for i in range(nr):
-                dst[U(base + c * MR + i)] = x[U(off + (top + i) * sr + c * sc)]
-            for i in range(nr, MR):
-                dst[U(base + c * MR + i)] = np.float32(0)
+                dst[U(base + r * width + j)] = x[U(src + j * sc)]
+            for j in range(nc, width):
+                dst[U(base + r * width + j)] = np.float32(0)
 
 
 @njit(**_OPTS)
@@ -192,8 +178,8 @@ def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_ma
     table = np.empty(BK + 16, np.int64)
     for k in range(BK + 16):
         table[k] = (k if k < BK else 0) * BQ
-    _row_tiles(kt, k0, kc, kr, Sk, D, ws, KA)          # K[k, d] = kt[d, k]
-    _panels(v, v0, vr, vc, Sk, Dv, ws, VP)
+    _panels(kt, k0, kr, kc, D, Sk, MR, ws, KA)         # K in row tiles: kt in panels of MR
+    _panels(v, v0, vr, vc, Sk, Dv, NR, ws, VP)
     # a block of keys whose every probability is exactly 0 for every query of a block is
     # skipped: a causal mask above the diagonal (-inf, or the -3.4e38 of most exporters). That
     # holds when q, k and v are finite, |q.k| * scale <= `bound` (no overflow, no inf - inf),
@@ -206,7 +192,7 @@ def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_ma
         kbound = D * _absmax(kt, k0, kr, kc, D, Sk) * factor
     for i0 in range(0, Sq, BQ):
         m = min(BQ, Sq - i0)
-        _panels(q, q0 + i0 * qr, qc, qr, D, m, ws, QP)  # Q^T[d, i] = q[i, d]
+        _panels(q, q0 + i0 * qr, qc, qr, D, m, NR, ws, QP)  # Q^T[d, i] = q[i, d]
         bound = kbound * _absmax(q, q0 + i0 * qr, qr, qc, m, D) if has_mask else np.inf
         best[:] = -np.inf
         total[:] = 0.0
