@@ -341,8 +341,9 @@ for name, scale_op, mask in (("attention-mul-mask", "Mul", True),
                              ("attention-div-mask", "Div", True),
                              ("attention-mask", None, True), ("attention-mul", "Mul", False),
                              ("attention-div", "Div", False), ("attention", None, False)):
-    case(name, _attention(scale_op, mask),
-         all_of(kernels_at_most(1), kernel_with("FusedAttention")))
+    # the rule fires and the program matches; whether FusedAttention is extracted at these
+    # sizes is the cost model's choice (tests/test_attention.py: both sides of it)
+    case(name, _attention(scale_op, mask))
 
 case("half-out-of-rhs",    # the dynamo exporter's GELU: x * (0.5 * (1 + erf(x / sqrt 2)))
      graph([("Div", ["x", "r2"], ["q"], {}), ("Erf", ["q"], ["e"], {}),
