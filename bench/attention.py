@@ -12,12 +12,12 @@ own default (eqsat-fuse: the cores this process may use; onnxruntime: its own ch
 `bench/export_real_models.py attention` (one BERT-base encoder layer with a padding mask; one
 Llama-style decoder layer, causal, 8 query heads sharing 2 key/value heads).
 
-Columns: `fused` and `unfused` ms, `ort` ms (ENABLE_ALL), `unf/fused` and `ort/fused`
-(above 1: fused attention is faster), the kernels of each program, `peak` the planned peak of
-each program's arena (activations and workspace; weights aside) and `unf/fused` of the peaks,
-`ort peak` what onnxruntime's session and first run add to a fresh process's peak resident
-memory (its weights included: compare it with the file's size), and whether the outputs of
-both programs match onnxruntime.
+Columns: `fused` and `unfused` ms, `ort` ms (ENABLE_ALL), `unf/fused` and `ort/fused` (above 1:
+fused attention is faster), `kernels` the FusedAttention kernels of each program
+(fused/unfused), `peak` the planned peak of each program's arena (activations and workspace;
+weights aside) and `unf/fused` of the peaks, `ort peak` what onnxruntime's session and first
+run add to a fresh process's peak resident memory (its weights included: compare it with the
+file's size), and whether the outputs of both programs match onnxruntime.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import glob
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,22 +41,9 @@ import numpy as np  # noqa: E402
 
 import eqsat_fuse as ef  # noqa: E402
 from eqsat_fuse.checking.verify import random_feeds  # noqa: E402
+from eqsat_fuse.tools.calibrate import attention_priced  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 MODELS = "/work/bench-models/attn_*.onnx"
-
-
-def unfused_cost_file(folder: str) -> str:
-    """A copy of the shipped cpu.toml in which FusedAttention costs a thousand times its
-    measured rate: extraction then keeps the exported four-kernel form."""
-    text = (ROOT / "extract" / "cpu.toml").read_text()
-    lines = [line for line in text.splitlines() if not line.startswith("attention_gflops")]
-    at = next(i for i, line in enumerate(lines) if line.startswith("matmul_gflops"))
-    lines.insert(at + 1, "attention_gflops = 0.0757         # priced out (bench/attention.py)")
-    text = "\n".join(lines).replace('name = "cpu"', 'name = "cpu-unfused-attention"')
-    path = Path(folder) / "cpu-unfused-attention.toml"
-    path.write_text(text + "\n")
-    return str(path)
 
 
 def ort_peak_bytes(path: str, threads: int) -> float:
@@ -100,34 +86,34 @@ def main(paths: list[str]) -> int:
     print(f"{'model':20s} {'fused':>8s} {'unfused':>8s} {'ort':>8s} {'unf/fused':>9s} "
           f"{'ort/fused':>9s} {'kernels':>7s} {'peak fused':>10s} {'unfused':>8s} "
           f"{'unf/fused':>9s} {'ort peak':>8s} {'match':>5s}", flush=True)
-    with tempfile.TemporaryDirectory() as folder:
-        plain_target = unfused_cost_file(folder)
-        for path in paths:
-            name = Path(path).stem
-            fused = ef.compile(path, threads=threads)
-            unfused = ef.compile(path, threads=threads, target=plain_target)
-            feeds = random_feeds(fused.example_inputs, 0)
-            ort = ort_session(path, THREADS or 0, True)
-            want = ort.run(None, feeds)
-            names = [o.name for o in ort.get_outputs()]
-            match = all(np.allclose(c.run(feeds)[n], w, rtol=1e-3, atol=1e-4)
-                        for c in (fused, unfused) for n, w in zip(names, want))
-            runs = {"fused": lambda: fused.run(feeds), "unfused": lambda: unfused.run(feeds),
-                    "ort": lambda: ort.run(None, feeds)}
-            long = "4096" in name
-            t = measure(runs, repeat=5 if long else 15, min_time=1.0, max_time=60.0,
-                        block=block_size(THREADS or os.cpu_count() or 1))
-            del ort
-            counts = "/".join(str(sum("FusedAttention" in k.ops for k in c.report.kernels))
-                              for c in (fused, unfused))
-            peak_f, peak_u = fused.report.peak_bytes, unfused.report.peak_bytes
-            print(f"{name:20s} {t['fused'] * 1e3:8.2f} {t['unfused'] * 1e3:8.2f} "
-                  f"{t['ort'] * 1e3:8.2f} {t['unfused'] / t['fused']:9.2f} "
-                  f"{t['ort'] / t['fused']:9.2f} {counts:>7s} {mib(peak_f):>10s} "
-                  f"{mib(peak_u):>8s} {peak_u / peak_f:9.2f} "
-                  f"{mib(ort_peak_bytes(path, THREADS)):>8s} {'yes' if match else 'NO':>5s}",
-                  flush=True)
-            del fused, unfused
+    # the unfused program: FusedAttention priced at a thousandth of its rate
+    plain_target = attention_priced(0.0757, 0.0, "cpu-unfused-attention")
+    for path in paths:
+        name = Path(path).stem
+        fused = ef.compile(path, threads=threads)
+        unfused = ef.compile(path, threads=threads, target=plain_target)
+        feeds = random_feeds(fused.example_inputs, 0)
+        ort = ort_session(path, THREADS or 0, True)
+        want = ort.run(None, feeds)
+        names = [o.name for o in ort.get_outputs()]
+        match = all(np.allclose(c.run(feeds)[n], w, rtol=1e-3, atol=1e-4)
+                    for c in (fused, unfused) for n, w in zip(names, want))
+        runs = {"fused": lambda: fused.run(feeds), "unfused": lambda: unfused.run(feeds),
+                "ort": lambda: ort.run(None, feeds)}
+        long = "4096" in name
+        t = measure(runs, repeat=5 if long else 15, min_time=1.0, max_time=60.0,
+                    block=block_size(THREADS or os.cpu_count() or 1))
+        del ort
+        counts = "/".join(str(sum("FusedAttention" in k.ops for k in c.report.kernels))
+                          for c in (fused, unfused))
+        peak_f, peak_u = fused.report.peak_bytes, unfused.report.peak_bytes
+        print(f"{name:20s} {t['fused'] * 1e3:8.2f} {t['unfused'] * 1e3:8.2f} "
+              f"{t['ort'] * 1e3:8.2f} {t['unfused'] / t['fused']:9.2f} "
+              f"{t['ort'] / t['fused']:9.2f} {counts:>7s} {mib(peak_f):>10s} "
+              f"{mib(peak_u):>8s} {peak_u / peak_f:9.2f} "
+              f"{mib(ort_peak_bytes(path, THREADS)):>8s} {'yes' if match else 'NO':>5s}",
+              flush=True)
+        del fused, unfused
     return 0
 
 

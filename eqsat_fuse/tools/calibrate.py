@@ -668,8 +668,8 @@ class NumbaCalibration(Calibration):
             if [k.ops for k in program.plan.kernels] != [["FusedAttention"]]:
                 return            # not formed (no attention rules): not measured
             feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
-            seconds = self._program_seconds(program, feeds, 1) - (self.run_us
-                                                                   + self.values["launch_us"]) * 1e-6
+            overhead = (self.run_us + self.values["launch_us"]) * 1e-6     # the run's, a kernel's
+            seconds = self._program_seconds(program, feeds, 1) - overhead
             points.append((4.0 * heads * seq * seq * depth, seconds))
         (f0, t0), (f1, t1) = points
         rate = (f1 - f0) / max(t1 - t0, 1e-9) / 1e9
@@ -812,10 +812,10 @@ def _program(op: str, args: list, attrs: dict, constants: tuple[int, ...],
 
 
 @functools.lru_cache(maxsize=None)
-def attention_target() -> str:
-    """A copy of the shipped cpu cost file in which FusedAttention always pays, so that the
-    attention step measures the kernel at sizes where the shipped prices keep the unfused
-    form (written once per process to a temporary folder)."""
+def attention_priced(gflops: float, op_us: float, name: str) -> str:
+    """A copy of the shipped cpu cost file with FusedAttention priced at `gflops` and `op_us`
+    instead, named `name`, written once per process to a temporary folder: where it always
+    pays (`attention_target`) or never (bench/attention.py's unfused program)."""
     import tempfile
 
     from ..extraction.costmodel import load_cost_model
@@ -823,10 +823,16 @@ def attention_target() -> str:
     lines = [line for line in Path(load_cost_model("cpu").path).read_text().splitlines()
              if not line.startswith(("attention_gflops", "attention_op_us"))]
     at = next(i for i, line in enumerate(lines) if line.startswith("matmul_gflops"))
-    lines[at + 1:at + 1] = ["attention_gflops = 1e6", "attention_op_us = 0.0"]
-    path = Path(tempfile.mkdtemp(prefix="eqsat-fuse-calibrate-")) / "cpu-attention.toml"
-    path.write_text("\n".join(lines).replace('name = "cpu"', 'name = "cpu-attention"') + "\n")
+    lines[at + 1:at + 1] = [f"attention_gflops = {gflops!r}", f"attention_op_us = {op_us!r}"]
+    path = Path(tempfile.mkdtemp(prefix="eqsat-fuse-cost-")) / f"{name}.toml"
+    path.write_text("\n".join(lines).replace('name = "cpu"', f'name = "{name}"') + "\n")
     return str(path)
+
+
+def attention_target() -> str:
+    """The cpu cost file in which FusedAttention always pays, so that the attention step
+    measures the kernel at sizes where the shipped prices keep the unfused form."""
+    return attention_priced(1e6, 0.0, "cpu-attention")
 
 
 def _compile(model, target: str | None = None):
