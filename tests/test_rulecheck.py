@@ -73,7 +73,15 @@ WRONG_RULES = {
                                           "the weights' zero point dropped"),
     "quantize_integer_half_step.egg": ("wrong-quantize-integer-half-step",
                                        "requantized half a step off, not at ties"),
+    # open dims (issue 16 item 2): right for every static shape, wrong on the e-graph's codes
+    "flatten_product_of_dims.egg": ("wrong-flatten-product-of-dims",
+                                    "a Reshape target multiplied out of dims"),
+    "slice_past_the_end.egg": ("wrong-slice-past-the-end",
+                               "an end compared with a dim by >=, true for every code"),
 }
+
+# Of those, the ones wrong only where a dim is open: the reason says so.
+WRONG_ONLY_OPEN = ("wrong-flatten-product-of-dims", "wrong-slice-past-the-end")
 
 # Of those, the structural facts (no tensor to show): what their reason must name instead of a
 # counterexample (the variable or the operator to blame).
@@ -238,6 +246,42 @@ def test_rule_locations_match_the_loader():
         info = program.rules[rule.name]
         assert (Path(rule.file), rule.line, rule.ruleset) == (Path(info.file), info.line,
                                                                info.ruleset)
+
+
+def test_shipped_rules_are_compared_with_open_dims(shipped_report):
+    """Every sample is compared again with one of its sizes open, as the e-graph of a model
+    with symbolic dims holds it: the rules that read shapes among them."""
+    for name in ("flatten-as-reshape", "shape-reshape", "sibling-matmul-bias", "attention",
+                 "conv2d-bn-fold"):
+        result = shipped_report.result(name)
+        assert result.status == "passed" and result.open_examples > 0, (name, result.reason)
+        assert f"({result.open_examples} with open dims)" in result.reason
+    opened = [r for r in shipped_report.passed if r.open_examples]
+    assert len(opened) >= 0.9 * len(shipped_report.passed)
+    line = next(x for x in shipped_report.summary().splitlines() if x.startswith("open dims"))
+    assert f"{len(opened)} of the {len(shipped_report.passed)} passed" in line
+    assert all(r.name in line for r in shipped_report.passed if not r.open_examples)
+
+
+def test_wrong_only_where_a_dim_is_open(wrong_report, monkeypatch):
+    """Rules right for every static shape but wrong on the codes of open dims are caught, and
+    the counterexample says which size was open and at which size the sides differ."""
+    for name in WRONG_ONLY_OPEN:
+        result = wrong_report.result(name)
+        assert result.status == "unsound", result.reason
+        assert "open (held as the e-graph's code), at size" in result.reason
+        cx = result.counterexample
+        assert cx is not None and "open" in cx.error
+        # the attributes are shown as sizes, never as raw codes
+        assert all(not isinstance(v, int) or v > -(1 << 40)
+                   for value in cx.attributes.values()
+                   for v in (value if isinstance(value, tuple) else (value,)))
+    # on static shapes alone they hold: the open dim is what shows them wrong
+    import eqsat_fuse.checking.rulecheck as rulecheck
+    monkeypatch.setattr(rulecheck, "open_variant", lambda *args: None)
+    static = check_rules([WRONG / f for f in ("slice_past_the_end.egg",
+                                              "flatten_product_of_dims.egg")])
+    assert [r.status for r in static.results] == ["passed", "passed"], static.summary()
 
 
 # ---- (2) deliberately wrong variants -----------------------------------------------------------

@@ -215,6 +215,7 @@ class RuleResult:
     counterexample: Counterexample | None = None
     seconds: float = 0.0
     assumptions: list[str] = field(default_factory=list)   # what it was checked under
+    open_examples: int = 0        # of `examples`, those compared with open dims (open_dims.py)
 
     @property
     def name(self) -> str:
@@ -240,7 +241,8 @@ class RuleResult:
         return {"name": r.name, "ruleset": r.ruleset, "file": r.file, "line": r.line,
                 "kind": r.kind, "numerics": r.numerics, "assumptions": list(self.assumptions),
                 "status": self.status, "reason": self.reason,
-                "examples": self.examples, "rejected": self.rejected,
+                "examples": self.examples, "open_examples": self.open_examples,
+                "rejected": self.rejected,
                 "rejections": dict(self.rejections), "relies_on": list(self.relies_on),
                 "lhs": None if r.lhs is None else str(r.lhs),
                 "rhs": None if r.rhs is None else str(r.rhs),
@@ -327,9 +329,15 @@ class CheckReport:
                 note = f"  [relies on {', '.join(r.relies_on)}]" if r.relies_on else ""
                 rej = f", {r.rejected} samples rejected" if r.rejected else ""
                 fast = "  (fast)" if r.numerics == "fast" else ""
-                lines.append(f"  ok  {r.name:32} {r.location}  {r.examples} examples{rej}{note}"
-                             f"{fast}")
+                opened = f" ({r.open_examples} with open dims)" if r.open_examples else ""
+                lines.append(f"  ok  {r.name:32} {r.location}  {r.examples} examples{opened}{rej}"
+                             f"{note}{fast}")
                 lines.extend(_notes(r))
+        closed = [r.name for r in self.passed if not r.open_examples]
+        if self.passed:
+            lines.append(f"open dims  {len(self.passed) - len(closed)} of the {len(self.passed)} "
+                         "passed rule(s) were also compared with a dim open"
+                         + (f"; never: {', '.join(closed)}" if closed else ""))
         if self.facts_checked:
             lines.append("")
             lines.append(f"facts checked  {len(self.facts_checked)} rule(s) assert facts that "

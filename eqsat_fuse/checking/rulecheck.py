@@ -64,6 +64,7 @@ from .primitives import (FACT_FUNCTIONS, _PRIMS, VALUE_RELATIONS, _NoFact, _rend
                          _Unbound, _Unsupported, _values_equal, value_relation_holds)
 from .report import (_NOT_FINITE, CheckReport, Counterexample, RuleResult, _compare, _finite,
                      _off_tie, _summary)
+from .open_dims import describe, open_variant
 from .sample import ASSUMPTIONS, _Plan, _Reject, _Sample
 
 # the pattern names stay importable from here, where they were defined before the split
@@ -219,6 +220,7 @@ def _satisfy_eq(s: _Sample, cond: Eq) -> None:
         if isinstance(a, Var) and a.name not in s.env:
             value = s.eval(b)             # _Unbound propagates: wait for more bindings
             s.env[a.name] = value
+            s.sources[a.name] = b
             return
     lv, rv = s.eval(left), s.eval(right)
     if not _values_equal(lv, rv):
@@ -226,26 +228,91 @@ def _satisfy_eq(s: _Sample, cond: Eq) -> None:
 
 
 
-def _run_sample(plan: _Plan, draw, assumed: set | None = None):
+def _run_sample(plan: _Plan, draw, assumed: set | None = None, opened: list | None = None):
     """One example: instantiate, check conditions, compare. Returns a Counterexample or None.
-    The values the sample avoided (a fast rule's zero divisor...) are added to `assumed`."""
+    The values the sample avoided (a fast rule's zero divisor...) are added to `assumed`; an
+    example compared with open dims (`open_dims`) appends True to `opened`."""
     s = _Sample(plan, draw, generator_for)
     try:
-        return _run(s, plan)
+        return _run(s, plan, opened)
     finally:
         if assumed is not None:
             assumed.update(s.assumed)
 
 
-def _run(s: _Sample, plan: _Plan):
-    try:
-        for var, pattern in plan.roots:
-            want = s.first(plan.hints.shape.get(var)) if var else None
-            rank = s.first(plan.hints.rank.get(var)) if var else None
+def _run(s: _Sample, plan: _Plan, opened: list | None = None):
+    """The sample compared as drawn, then with its open dims as codes (`open_dims`): either
+    instance that meets the conditions is an example; a sample that meets them in neither is
+    rejected."""
+    for var, pattern in plan.roots:
+        want = s.first(plan.hints.shape.get(var)) if var else None
+        rank = s.first(plan.hints.rank.get(var)) if var else None
+        try:
             s.make(pattern, None if want is None else tuple(want), "any",
                    None if rank is None else {rank})
+        except (_Reject, _Unsupported):
+            raise
+        except (_NoFact, _Unbound) as exc:
+            raise _Reject(f"the matched side does not instantiate ({exc})") from None
+        except Exception as exc:
+            raise _Reject(f"the matched side does not evaluate ({type(exc).__name__}: "
+                          f"{str(exc)[:80]})") from None
+    drawn = dict(s.env)
+    rejected = None
+    try:
+        _instantiate(s, plan)
+    except _Reject as exc:
+        rejected = exc
+    if rejected is None:
+        found = _obligations(s, plan)
+        if found is not None:
+            return found
+    variant = open_variant(s, drawn, plan.constants, plan.sizes)
+    if variant is not None:
+        try:
+            _instantiate(variant, plan)
+        except (_Reject, _Unsupported):
+            variant = None                # the rule does not fire with the dim open
+    if variant is not None and not _evaluates_grown(variant.shadow, plan):
+        variant = None                    # the matched terms tie the dim to its size
+    if variant is None:
+        if rejected is not None:
+            raise rejected
+        return None
+    if opened is not None:
+        opened.append(True)
+    for sample in (variant, variant.shadow):     # at the drawn size, then at a larger one
+        found = _obligations(sample, plan)
+        if found is not None:
+            detail = found.error or (f"the sides differ by {found.max_abs_diff:.4g} (allowed "
+                                     f"{found.tolerance:.3g})")
+            found.error = f"{describe(sample)}: {detail}"
+            found.attributes = {k: sample.decoded(v) for k, v in found.attributes.items()}
+            return found
+    return None
+
+
+def _evaluates_grown(shadow: _Sample, plan: _Plan) -> bool:
+    """Does every term the rule matched evaluate with the open dim grown? (A Reshape to a
+    static target, or a Gather's indices, can tie the dim to its drawn size.)"""
+    terms = [p for _, p in plan.roots] + list(plan.matched.values())
+    terms += [x for kind, a, _ in plan.obligations if kind == "set" for x in a.args]
+    try:
+        with np.errstate(all="ignore"):
+            for term in terms:
+                shadow.eval(term)
+        _matched_side(shadow, plan)
+    except Exception:
+        return False
+    return True
+
+
+def _instantiate(s: _Sample, plan: _Plan) -> None:
+    """The matched terms evaluated and the conditions met (or `_Reject`)."""
+    try:
         for var, pattern in plan.matched.items():
             s.env[var] = s.eval(pattern)
+            s.sources[var] = pattern
         _satisfy(s, plan.conditions)
     except (_Reject, _Unsupported):
         raise
@@ -254,6 +321,12 @@ def _run(s: _Sample, plan: _Plan):
     except Exception as exc:
         raise _Reject(f"the matched side does not evaluate ({type(exc).__name__}: "
                       f"{str(exc)[:80]})") from None
+    _matched_side(s, plan)
+
+
+def _matched_side(s: _Sample, plan: _Plan) -> None:
+    """The matched terms the rule equates evaluate (and are finite for a fast rule), or
+    `_Reject`."""
     for kind, a, b in plan.obligations:
         if kind != "union" or not _on_matched_side(a, plan):
             continue
@@ -266,14 +339,16 @@ def _run(s: _Sample, plan: _Plan):
                           f"{str(exc)[:80]})") from None
         if not plan.exact and not _finite(lv):     # a fast rule: ordinary values only
             raise _Reject(_NOT_FINITE + " (NaN/inf) on this sample")
+
+
+def _obligations(s: _Sample, plan: _Plan):
+    """The rule's unions and sets compared on the instantiated sample: a Counterexample or
+    None."""
     for kind, a, b in plan.obligations:
         error = lv = rv = None
         try:
             with np.errstate(all="ignore"):
-                if kind == "union":
-                    lv = s.eval(a)
-                else:
-                    lv = FACT_FUNCTIONS[a.op](*(s.eval(x) for x in a.args))
+                lv = s.eval(a)
                 rv = s.eval(b)
         except _Unsupported:
             raise
@@ -339,7 +414,7 @@ def _check_plan(plan: _Plan, examples: int, seed: int, shrink: bool):
     from hypothesis.errors import Unsatisfiable
 
     state = {"valid": 0, "failure": None, "unsupported": None, "crash": None,
-             "assumed": set()}
+             "assumed": set(), "opened": []}
     rejections: Counter = Counter()
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
 
@@ -351,7 +426,7 @@ def _check_plan(plan: _Plan, examples: int, seed: int, shrink: bool):
     def run(data):
         from hypothesis import reject
         try:
-            found = _run_sample(plan, data.draw, state["assumed"])
+            found = _run_sample(plan, data.draw, state["assumed"], state["opened"])
         except _Reject as exc:
             rejections[exc.reason] += 1
             reject()
@@ -404,12 +479,13 @@ def _check_rule_plans(rule: Rule, decls: _Decls, absent_ok: dict[str, bool], exa
     if problem is not None:
         return RuleResult(rule, "unchecked", problem, relies_on=relies,
                           seconds=time.perf_counter() - started)
-    total_valid, total_rejected, rejections = 0, 0, Counter()
+    total_valid, total_rejected, rejections, opened = 0, 0, Counter(), 0
     for plan in _plans(rule, decls, absent_ok):
         state, rej = _check_plan(plan, examples, seed, shrink)
         rejections.update(rej)
         assumed |= state["assumed"]
         total_valid += state["valid"]
+        opened += len(state["opened"])
         total_rejected += sum(rej.values())
         if state["crash"] is not None and state["failure"] is None:
             return RuleResult(rule, "unchecked", f"the checker failed on this rule "
@@ -422,7 +498,7 @@ def _check_rule_plans(rule: Rule, decls: _Decls, absent_ok: dict[str, bool], exa
                       f"the sides differ by {cx.max_abs_diff:.4g} (allowed {cx.tolerance:.3g})")
             return RuleResult(rule, "unsound", reason, total_valid, total_rejected,
                               dict(rejections.most_common()), relies, cx,
-                              time.perf_counter() - started)
+                              time.perf_counter() - started, open_examples=opened)
         if state["valid"] == 0:
             if state["unsupported"]:
                 reason = state["unsupported"]
@@ -433,12 +509,12 @@ def _check_rule_plans(rule: Rule, decls: _Decls, absent_ok: dict[str, bool], exa
             return RuleResult(rule, "unchecked", reason, total_valid, total_rejected,
                               dict(rejections.most_common()), relies,
                               seconds=time.perf_counter() - started)
-    reason = f"{total_valid} examples agreed"
+    reason = f"{total_valid} examples agreed ({opened} with open dims)"
     if total_rejected:
         reason += f"; {total_rejected} samples rejected"
     return RuleResult(rule, "passed", reason, total_valid, total_rejected,
                       dict(rejections.most_common()), relies,
-                      seconds=time.perf_counter() - started)
+                      seconds=time.perf_counter() - started, open_examples=opened)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ import numpy as np
 from ..ops import OPS
 from ..ops import evaluate as _evaluate_op
 from .hints import _Hints
+from .open_dims import constant_variables, paired_shape, size_variables
 from .patterns import Call, Eq, Lit, Rule, Var, variables
 from .primitives import (FACT_FUNCTIONS, _PRIMS, VALUE_RELATIONS, _NoFact, _render_value,
                          _Unbound, _Unsupported, _values_equal)
@@ -44,6 +45,16 @@ class _Plan:
         """Does the rule involve a contraction (its summation order may differ per side)?"""
         terms = [p for pair in self.rule.unions for p in pair]
         return any(op in str(p) for p in terms for op in _CONTRACTIONS)
+
+    @functools.cached_property
+    def constants(self) -> set[str]:
+        """The variables the rule's conditions make model constants (no open dim)."""
+        return constant_variables(self.rule)
+
+    @functools.cached_property
+    def sizes(self) -> set[str]:
+        """The variables in a size slot (a Reshape target...: codes where a dim is open)."""
+        return size_variables(self.rule)
 
     @property
     def exact(self) -> bool:
@@ -175,6 +186,14 @@ def _value_relation_array(rng, shape, relation: str, dtype) -> np.ndarray:
 class _Sample:
     """One attempt at instantiating a rule: variable values, leaf arrays, drawn numbers."""
 
+    # open dims (`open_dims`): a variant's drawn size -> its code, (size, shadow's size) ->
+    # code, code -> this sample's size; the variant's shadow, or the shadow's variant
+    codes: dict[int, int] = {}
+    pairs: dict[tuple[int, int], int] = {}
+    decodes: dict[int, int] = {}
+    shadow: "_Sample | None" = None
+    primary: "_Sample | None" = None
+
     def __init__(self, plan: _Plan, draw, generator_for: Callable[[str], Callable]):
         self.plan = plan
         self.generator_for = generator_for   # operator -> its generator (generators.py)
@@ -196,6 +215,7 @@ class _Sample:
         self.exact = plan.rule.numerics != "fast"
         self.edges = self.exact and self.i(0, 2) == 2   # shrinks to ordinary
         self.assumed: set[tuple[str, str]] = set()
+        self.sources: dict[str, Any] = {}     # variable -> the expression a condition bound it to
 
     # draws (through hypothesis, so failures shrink)
     def i(self, lo: int, hi: int) -> int:
@@ -512,12 +532,36 @@ class _Sample:
         return f"{kind.lower()}{self.names}"
 
     # evaluation
+    def coded(self, value):
+        """`value` (a size, or a vector of them) with its open sizes as their codes."""
+        if isinstance(value, tuple):
+            return tuple(self.coded(v) for v in value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return self.codes.get(value, value)
+        return value
+
+    def decoded(self, value):
+        """`value` with every code read as the size it stands for (what evaluation needs)."""
+        if isinstance(value, tuple):
+            return tuple(self.decoded(v) for v in value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return self.decodes.get(value, value)
+        return value
+
+    def _attrs(self, spec, values) -> dict:
+        n = len(spec.inputs)
+        attrs = dict(zip(spec.attrs, values[n:]))
+        return {k: self.decoded(v) for k, v in attrs.items()} if self.decodes else attrs
+
     def eval(self, p):
         if isinstance(p, Var):
             if p.name in self.env:
                 return self.env[p.name]
             if p.name in self.plan.matched:          # a matched term, instantiated already?
                 return self.eval(self.plan.matched[p.name])
+            if self.primary is not None and p.name in self.primary.sources:
+                self.env[p.name] = value = self.eval(self.primary.sources[p.name])
+                return value                         # a shadow: bound as its variant was
             raise _Unbound(p.name)
         if isinstance(p, Lit):
             return p.value
@@ -525,7 +569,13 @@ class _Sample:
         if op in self.plan.constructors:
             return self._eval_constructor(p)
         if op in FACT_FUNCTIONS:
-            return FACT_FUNCTIONS[op](*(self.eval(a) for a in p.args))
+            if op == "shape" and self.primary is not None:
+                return self.primary.eval(p)          # one code table, the variant's
+            value = FACT_FUNCTIONS[op](*(self.eval(a) for a in p.args))
+            if op == "shape" and self.shadow is not None:
+                other = FACT_FUNCTIONS[op](*(self.shadow.eval(a) for a in p.args))
+                return paired_shape(self, value, other)
+            return value
         if op in _PRIMS:
             return _PRIMS[op](*(self.eval(a) for a in p.args))
         raise _Unsupported(f"({op} ...) has no meaning known to the checker")
@@ -541,7 +591,7 @@ class _Sample:
         spec = OPS[p.op]
         n = len(spec.inputs)
         values = [self.eval(a) for a in p.args]
-        tensors, attrs = values[:n], dict(zip(spec.attrs, values[n:]))
+        tensors, attrs = values[:n], self._attrs(spec, values)
         if any(t is not None and np.asarray(t).dtype.kind != "f" for t in tensors):
             return None
         if p.op == "Gemm":
@@ -606,10 +656,8 @@ class _Sample:
         if spec is None or spec.kind == "opaque":
             raise _Unsupported(f"{op} has no NumPy evaluation")
         values = [self.eval(a) for a in p.args]
-        n = len(spec.inputs)
-        attrs = dict(zip(spec.attrs, values[n:]))
         with np.errstate(all="ignore"):
-            return _evaluate_op(op, values[:n], attrs)
+            return _evaluate_op(op, values[:len(spec.inputs)], self._attrs(spec, values))
 
 
 def _head(p) -> str:
