@@ -247,16 +247,9 @@ def _run(s: _Sample, plan: _Plan, opened: list | None = None):
     for var, pattern in plan.roots:
         want = s.first(plan.hints.shape.get(var)) if var else None
         rank = s.first(plan.hints.rank.get(var)) if var else None
-        try:
+        with _rejecting():
             s.make(pattern, None if want is None else tuple(want), "any",
                    None if rank is None else {rank})
-        except (_Reject, _Unsupported):
-            raise
-        except (_NoFact, _Unbound) as exc:
-            raise _Reject(f"the matched side does not instantiate ({exc})") from None
-        except Exception as exc:
-            raise _Reject(f"the matched side does not evaluate ({type(exc).__name__}: "
-                          f"{str(exc)[:80]})") from None
     drawn = dict(s.env)
     rejected = None
     try:
@@ -307,13 +300,11 @@ def _evaluates_grown(shadow: _Sample, plan: _Plan) -> bool:
     return True
 
 
-def _instantiate(s: _Sample, plan: _Plan) -> None:
-    """The matched terms evaluated and the conditions met (or `_Reject`)."""
+@contextlib.contextmanager
+def _rejecting():
+    """A failure to build or evaluate the matched side rejects the sample."""
     try:
-        for var, pattern in plan.matched.items():
-            s.env[var] = s.eval(pattern)
-            s.sources[var] = pattern
-        _satisfy(s, plan.conditions)
+        yield
     except (_Reject, _Unsupported):
         raise
     except (_NoFact, _Unbound) as exc:
@@ -321,6 +312,15 @@ def _instantiate(s: _Sample, plan: _Plan) -> None:
     except Exception as exc:
         raise _Reject(f"the matched side does not evaluate ({type(exc).__name__}: "
                       f"{str(exc)[:80]})") from None
+
+
+def _instantiate(s: _Sample, plan: _Plan) -> None:
+    """The matched terms evaluated and the conditions met (or `_Reject`)."""
+    with _rejecting():
+        for var, pattern in plan.matched.items():
+            s.env[var] = s.eval(pattern)
+            s.sources[var] = pattern
+        _satisfy(s, plan.conditions)
     _matched_side(s, plan)
 
 
@@ -330,13 +330,8 @@ def _matched_side(s: _Sample, plan: _Plan) -> None:
     for kind, a, b in plan.obligations:
         if kind != "union" or not _on_matched_side(a, plan):
             continue
-        try:
+        with _rejecting():
             lv = s.eval(a)
-        except (_Unsupported, _Reject):
-            raise
-        except Exception as exc:
-            raise _Reject(f"the matched side does not evaluate ({type(exc).__name__}: "
-                          f"{str(exc)[:80]})") from None
         if not plan.exact and not _finite(lv):     # a fast rule: ordinary values only
             raise _Reject(_NOT_FINITE + " (NaN/inf) on this sample")
 

@@ -534,19 +534,11 @@ class _Sample:
     # evaluation
     def coded(self, value):
         """`value` (a size, or a vector of them) with its open sizes as their codes."""
-        if isinstance(value, tuple):
-            return tuple(self.coded(v) for v in value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return self.codes.get(value, value)
-        return value
+        return _mapped(value, self.codes)
 
     def decoded(self, value):
         """`value` with every code read as the size it stands for (what evaluation needs)."""
-        if isinstance(value, tuple):
-            return tuple(self.decoded(v) for v in value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return self.decodes.get(value, value)
-        return value
+        return _mapped(value, self.decodes)
 
     def _attrs(self, spec, values) -> dict:
         n = len(spec.inputs)
@@ -658,6 +650,15 @@ class _Sample:
         values = [self.eval(a) for a in p.args]
         with np.errstate(all="ignore"):
             return _evaluate_op(op, values[:len(spec.inputs)], self._attrs(spec, values))
+
+
+def _mapped(value, table: dict[int, int]):
+    """`value` (an int, or vectors of them) with each int in `table` replaced by its entry."""
+    if isinstance(value, tuple):
+        return tuple(_mapped(v, table) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return table.get(value, value)
+    return value
 
 
 def _head(p) -> str:
