@@ -123,6 +123,8 @@ def test_every_spelling_is_one_kernel_that_matches_onnxruntime(scale, mask, S):
 @pytest.mark.parametrize("shapes", [
     # grouped heads: one key/value head for four query heads (broadcast), a per-query mask
     ((1, 4, 130, 8), (1, 1, 8, 600), (1, 1, 600, 8), (1, 1, 130, 600)),
+    # a mask that differs per head, over two batches of three heads
+    ((2, 3, 40, 8), (2, 3, 8, 70), (2, 3, 70, 8), (2, 3, 40, 70)),
     # rank 3 (heads as the batch), v of another width, a mask over the keys only
     ((3, 17, 8), (3, 8, 9), (3, 9, 5), (9,)),
     # a single matrix, no mask
@@ -198,6 +200,35 @@ def test_blocks_a_causal_mask_removes_are_skipped_exactly():
     feeds["m"] = mask.reshape(1, 1, S, S)
     want = onnxruntime_outputs(model, feeds)[0]
     assert np.isfinite(want).all()
+    for threads in (1, 2):
+        got = ef.compile(model, backend="numba", threads=threads, target=PAYS).run(feeds)["o"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("second", ["rows differ", "padding"])
+def test_a_mask_the_heads_share_is_classified_per_batch_element(second):
+    """The blocks of a mask the heads share are classified once per batch element (its
+    largest value, whether its rows agree), over several blocks of queries and keys: batch 0
+    a padding mask whose rows agree, its last keys removed (those blocks skipped); batch 1 a
+    mask whose rows differ (the heads then run on smaller blocks of keys), or one that removes
+    a small block of keys and keeps the few after it (every row agrees: the small blocks'
+    classes merged back). Reading one batch's or one small block's classes for another changes
+    the output."""
+    S, T = numba_attention.BLOCK_QUERIES + 20, numba_attention.BLOCK_KEYS + 100
+    model = direct((2, 3, S, 8), (2, 3, 8, T), (2, 3, T, 8), (2, 1, S, T))
+    rng = np.random.default_rng(7)
+    feeds = {"q": rng.standard_normal((2, 3, S, 8)).astype(F),
+             "kt": rng.standard_normal((2, 3, 8, T)).astype(F),
+             "v": rng.standard_normal((2, 3, T, 8)).astype(F)}
+    mask = np.zeros((2, 1, S, T), F)
+    mask[0, :, :, numba_attention.BLOCK_KEYS - 30:] = np.finfo(F).min
+    if second == "rows differ":
+        mask[1] = rng.standard_normal((1, S, T)).astype(F)
+    else:             # the keys of a small block removed, the few after it kept
+        start = numba_attention.BLOCK_KEYS
+        mask[1, :, :, start:start + 96] = np.finfo(F).min
+    feeds["m"] = mask
+    want = onnxruntime_outputs(model, feeds)[0]
     for threads in (1, 2):
         got = ef.compile(model, backend="numba", threads=threads, target=PAYS).run(feeds)["o"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -7,13 +7,17 @@ microkernel's MR rows (a decode step) is computed row by row instead (`_head_row
 B, `packed_gemm.pack`'s), then walks its queries in blocks of BQ, each block's q^T packed in
 panels. For each block of BK keys: the block's scores, transposed (keys by queries: one
 microkernel call per tile of keys and panel of queries, into an L2-resident BK x BQ tile), the
-model's scale (times or over the one-element `sc`, `how` 1 or 2) and mask, then the online
+model's scale (times or over the one-element `sc`, `how` 1 or 2), the mask and the running max
+in one pass over the tile where the mask is one value per key for the block, then the online
 softmax along the queries: a running max m, sum l and output accumulator per query, the
 accumulator rescaled by exp(m_old - m_new) when the max grows. The probabilities are read by
 the A-table microkernel where they lie (A[i, k] at k BQ + i) and multiplied by the block's
 rows of v: nothing is packed per block but q. A block of keys that the mask gives weight 0
 for every query of the block (a causal mask's blocks above the diagonal) is skipped where that
-is exact (`_head`). The scale and the mask are applied as the model
+is exact (`_head`). A mask the heads share has its blocks classified once per batch element
+(`_classify`: their largest value, whether their rows agree); one whose rows differ within a
+block (a causal mask) makes the heads run on blocks of BK / FINE keys, so that fewer blocks
+straddle the diagonal and more are skipped. The scale and the mask are applied as the model
 applies them (no fused multiply-add: this module has no fast-math flags), so the scores are the
 unfused program's; the sums differ by their order only.
 
@@ -35,6 +39,7 @@ from .kernels import exp_shift, row_max, row_sum
 from .packed_gemm import MR, NR, _gather_tile, _tile
 
 U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
+FINE = 5           # a mask with rows per query is classified in blocks of BK / FINE keys
 _OPTS = dict(cache=True, error_model="numpy")
 
 
@@ -100,6 +105,24 @@ def _block_max(st, k0, m, new):
 
 
 @njit(**_OPTS)
+def _block_scaled_max(st, k0, m, factor, how, shifted, shift, new):
+    """st[k0 + i] = st[k0 + i] * factor (how 1) or / factor (how 2), + shift if `shifted`,
+    in the model's order, and new[i] = max(new[i], st[k0 + i]), NaN kept: one pass over a
+    key's scores."""
+    for i in range(m):
+        s = st[U(k0 + i)]
+        if how == 1:
+            s = s * factor
+        elif how == 2:
+            s = s / factor
+        if shifted:
+            s = s + shift
+        st[U(k0 + i)] = s
+        t = new[U(i)]
+        new[U(i)] = s if (s > t or s != s) else t
+
+
+@njit(**_OPTS)
 def _block_exp(st, k0, m, new, total):
     """st[k0 + i] = exp(st[k0 + i] - new[i]) (0 where new[i] is -inf: no finite score yet,
     these keys weigh 0), summed into total[i]."""
@@ -159,25 +182,62 @@ def _add_mask_rows(st, BQ, mask, r0, m, n, mq, mk):
                 st[U(k * BQ + i)] = st[U(k * BQ + i)] + mask[U(row + k * mk)]
 
 
+def _classify(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames):
+    """`_mask_block` of every block of queries and keys of each of the B masks (one per batch
+    element: a mask the heads share), into tops / sames[(b nq + block of queries) nk + block
+    of keys]; the blocks in parallel."""
+    nq = -(-Sq // BQ)
+    nk = -(-Sk // BK)
+    for t in prange(B * nq * nk):
+        b = t // (nq * nk)
+        iq = (t - b * nq * nk) // nk
+        jk = t - b * nq * nk - iq * nk
+        i0 = iq * BQ
+        j0 = jk * BK
+        tops[t], sames[t] = _mask_block(mask, mo + b * mb + i0 * mq + j0 * mk,
+                                        min(BQ, Sq - i0), min(BK, Sk - j0), mq, mk)
+
+
+_classify_parallel = njit(parallel=True, **_OPTS)(_classify)
+
+
+@njit(**_OPTS)
+def _merge(tops, sames, nkf, per, out_tops, out_sames, nk):
+    """The classes of blocks of `per` consecutive blocks of keys (nkf of them per row of
+    blocks) from theirs: the largest of their largest values, and whether the rows agree in
+    each of them."""
+    for r in range(len(out_tops) // nk):
+        for jk in range(nk):
+            top = np.float32(-np.inf)
+            same = True
+            for f in range(r * nkf + jk * per, r * nkf + min((jk + 1) * per, nkf)):
+                x = tops[f]
+                top = x if (x > top or x != x) else top
+                same = same and sames[f]
+            out_tops[r * nk + jk] = top
+            out_sames[r * nk + jk] = same
+
+
 @njit(**_OPTS)
 def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_mask, sc, how,
-          out, o0, Sq, Sk, D, Dv, ws, w0, BQ, BK):
+          out, o0, Sq, Sk, D, Dv, ws, w0, BQ, BK, blk, table, tops, sames, t0):
     """One head: out[o0 + i Dv + j] for i < Sq, j < Dv (see the module doc). The scores of a
     block are kept transposed (keys by queries), so the softmax's loops run along the queries
-    (16 at a time) and the probabilities feed the second product as they lie."""
+    (16 at a time) and the probabilities feed the second product as they lie. `blk` and
+    `table` are the task's block arrays (`_blocks`); where the mask's blocks are classified
+    already (t0 >= 0), block (iq, jk) is at tops / sames[t0 + iq nk + jk]."""
     KA = w0
     VP = KA + -(-Sk // MR) * MR * D
     QP = VP + -(-Dv // NR) * NR * Sk
-    st = np.empty(BK * BQ, np.float32)
-    ot = np.empty(BQ * Dv, np.float32)
-    acc = np.empty(BQ * Dv, np.float32)
-    best = np.empty(BQ, np.float32)
-    new = np.empty(BQ, np.float32)
-    total = np.empty(BQ, np.float32)
-    corr = np.empty(BQ, np.float32)
-    table = np.empty(BK + 16, np.int64)
-    for k in range(BK + 16):
-        table[k] = (k if k < BK else 0) * BQ
+    st = blk[:BK * BQ]
+    ot = blk[BK * BQ:BK * BQ + BQ * Dv]
+    acc = blk[BK * BQ + BQ * Dv:BK * BQ + 2 * BQ * Dv]
+    rest = BK * BQ + 2 * BQ * Dv
+    best = blk[rest:rest + BQ]
+    new = blk[rest + BQ:rest + 2 * BQ]
+    total = blk[rest + 2 * BQ:rest + 3 * BQ]
+    corr = blk[rest + 3 * BQ:rest + 4 * BQ]
+    nk = -(-Sk // BK)
     _panels(kt, k0, kr, kc, D, Sk, MR, ws, KA)         # K in row tiles: kt in panels of MR
     _panels(v, v0, vr, vc, Sk, Dv, NR, ws, VP)
     # a block of keys whose every probability is exactly 0 for every query of a block is
@@ -188,8 +248,9 @@ def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_ma
     # included), as the unfused softmax computes it, and 0 times a finite v adds 0
     kbound = np.float32(np.inf)
     if has_mask and _absmax(v, v0, vr, vc, Sk, Dv) < np.inf:
-        factor = abs(sc[0]) if how == 1 else (1 / abs(sc[0]) if how == 2 else 1.0)
-        kbound = D * _absmax(kt, k0, kr, kc, D, Sk) * factor
+        most = abs(sc[0]) if how == 1 else (1 / abs(sc[0]) if how == 2 else 1.0)
+        kbound = D * _absmax(kt, k0, kr, kc, D, Sk) * most
+    factor = sc[0] if how else np.float32(1.0)
     for i0 in range(0, Sq, BQ):
         m = min(BQ, Sq - i0)
         _panels(q, q0 + i0 * qr, qc, qr, D, m, NR, ws, QP)  # Q^T[d, i] = q[i, d]
@@ -202,21 +263,27 @@ def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_ma
             r0 = m0 + i0 * mq + j0 * mk
             same = True
             if has_mask:
-                top, same = _mask_block(mask, r0, m, n, mq, mk)
+                if t0 >= 0:
+                    at = t0 + (i0 // BQ) * nk + j0 // BK
+                    top, same = tops[at], sames[at]
+                else:
+                    top, same = _mask_block(mask, r0, m, n, mq, mk)
                 if bound < 1e37 and top + bound < best[:m].min() - 104:
                     continue
             _scores(ws, KA, QP, j0, n, m, D, st, BQ)
-            if how == 1:
-                st[:n * BQ] *= sc[0]
-            elif how == 2:
-                st[:n * BQ] /= sc[0]
-            if has_mask and not same:
-                _add_mask_rows(st, BQ, mask, r0, m, n, mq, mk)
             new[:] = best
-            for k in range(n):
-                if has_mask and same:
-                    st[k * BQ:k * BQ + m] += mask[U(r0 + k * mk)]
-                _block_max(st, k * BQ, m, new)
+            if has_mask and not same:
+                if how == 1:
+                    st[:n * BQ] *= sc[0]
+                elif how == 2:
+                    st[:n * BQ] /= sc[0]
+                _add_mask_rows(st, BQ, mask, r0, m, n, mq, mk)
+                for k in range(n):
+                    _block_max(st, k * BQ, m, new)
+            else:               # the scale, the key's one mask value and the max in one pass
+                for k in range(n):
+                    shift = mask[U(r0 + k * mk)] if has_mask else np.float32(0.0)
+                    _block_scaled_max(st, k * BQ, m, factor, how, has_mask, shift, new)
             for i in range(m):
                 old = best[U(i)]
                 corr[U(i)] = exp_f32(old - new[U(i)]) if old > -np.inf else np.float32(0.0)
@@ -287,16 +354,54 @@ def _head_rows(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, h
             out[U(o + j)] = acc[U(j)] * inv
 
 
+@njit(**_OPTS)
+def _blocks(BQ, BK, Dv):
+    """A task's block arrays, made once for all its heads: the scores (BK x BQ), the block's
+    product and accumulator (BQ x Dv), four vectors of BQ, and the A table of the
+    probabilities (row k at k BQ; 16 rows of slack read as row 0)."""
+    blk = np.empty(BK * BQ + 2 * BQ * Dv + 4 * BQ, np.float32)
+    table = np.empty(BK + 16, np.int64)
+    for k in range(BK + 16):
+        table[k] = (k if k < BK else 0) * BQ
+    return blk, table
+
+
 @njit(parallel=True, **_OPTS)
 def attention(q, qo, qb, qh, qr, qc, kt, ko, kb, kh, kr, kc, v, vo, vb, vh, vr, vc,
               mask, mo, mb, mh, mq, mk, has_mask, sc, how, out, H, BH, Sq, Sk, D, Dv,
               ws, wo, per, BQ, BK, parts):
     """FusedAttention over BH = B x H heads (see the module doc); `parts` threads, each with
-    `per` floats of workspace from ws[wo]."""
+    `per` floats of workspace from ws[wo]. A mask the heads share (a padding or causal mask)
+    has its blocks classified once per batch element, not per head."""
+    B = BH // H
+    shared = has_mask and Sq >= MR and (mh == 0 or H == 1)
+    nq = -(-Sq // BQ)
+    nb = B * nq * -(-Sk // BK) if shared else 1
+    tops = np.empty(nb, np.float32)
+    sames = np.zeros(nb, np.bool_)
+    bk = BK
+    if shared and mq != 0:
+        # a mask with rows per query: classified in blocks of fewer keys; if the rows of every
+        # block agree (a padding mask expanded over the queries) the blocks are merged back,
+        # else (a causal mask) the heads run on the small blocks, which the mask skips or
+        # keeps whole more often
+        fine = max(MR, BK // FINE // MR * MR)
+        nf = B * nq * -(-Sk // fine)
+        ftops = np.empty(nf, np.float32)
+        fsames = np.zeros(nf, np.bool_)
+        _classify_parallel(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, fine, ftops, fsames)
+        if fsames.all():
+            _merge(ftops, fsames, nf // nq // B, -(-BK // fine), tops, sames, nb // nq // B)
+        else:
+            bk, nb, tops, sames = fine, nf, ftops, fsames
+    elif shared:
+        _classify_parallel(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames)
     for p in prange(parts):
+        blk, table = _blocks(BQ, bk, Dv)
         for bh in range(p, BH, parts):
             b = bh // H
             h = bh - b * H
+            t0 = b * (nb // B) if shared else -1
             if Sq < MR:
                 _head_rows(q, qo + b * qb + h * qh, qr, qc, kt, ko + b * kb + h * kh, kr, kc,
                            v, vo + b * vb + h * vh, vr, vc, mask, mo + b * mb + h * mh, mq,
@@ -305,7 +410,7 @@ def attention(q, qo, qb, qh, qr, qc, kt, ko, kb, kh, kr, kc, v, vo, vb, vh, vr, 
                 _head(q, qo + b * qb + h * qh, qr, qc, kt, ko + b * kb + h * kh, kr, kc,
                       v, vo + b * vb + h * vh, vr, vc, mask, mo + b * mb + h * mh, mq, mk,
                       has_mask, sc, how, out, bh * Sq * Dv, Sq, Sk, D, Dv, ws,
-                      wo + p * per, BQ, BK)
+                      wo + p * per, BQ, bk, blk, table, tops, sames, t0)
 
 
 attention_entry = runtime_entry(
