@@ -55,6 +55,8 @@ def test_calibrate_measures_the_backend_it_is_asked_for(tmp_path, backend):
     assert f"Prices are those of the {'NumPy' if backend == 'numpy' else 'Numba'} backend" in text
     model = load_cost_model(out)
     assert model.launch_us > 0 and all(r > 0 for r in model.rates_gflops.values())
+    if backend == "numba":          # its attention step's fit is in the file, not dropped
+        assert "attention_gflops = " in text and "attention_op_us = " in text
     # the file prices what it measured: a model compiled for it runs and matches onnxruntime
     compiled = ef.compile(RESNET, target=str(out), backend=backend)
     assert compiled.report.target == model.target and compiled.verify().ok

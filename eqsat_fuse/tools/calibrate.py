@@ -124,7 +124,10 @@ class Calibration:
         """What the rates were measured on, for the cost file's comments."""
         def listed(sizes, form):
             return ", ".join(form.format(*size) for size in sizes)
-        return {"matmul_gflops": "MatMul " + listed(self.MATMUL_SIZES, "{}x{}x{}"),
+        seqs = getattr(self, "ATTENTION_SEQS", ())
+        return {"attention_gflops": "FusedAttention, 12 heads of 64, fitted at "
+                + " and ".join(map(str, seqs)) + " queries with attention_op_us",
+                "matmul_gflops": "MatMul " + listed(self.MATMUL_SIZES, "{}x{}x{}"),
                 "conv_gflops": "3x3 convolutions " + listed(self.CONV_SIZES, "{0} ch {1}x{1}"),
                 "conv_group_us": "depthwise 3x3 " + listed(self.DEPTHWISE_CASES,
                                                            "{0} ch {1}x{1} stride {2}")}
@@ -404,7 +407,8 @@ def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
     base = tomllib.loads(base_path.read_text())
     flops = flops or {}
     sizes = {"matmul_gflops": "sgemm", "conv_gflops": "3x3 convolutions",
-             "conv_group_us": "depthwise 3x3", **(sizes or {})}
+             "conv_group_us": "depthwise 3x3", "attention_gflops": "FusedAttention",
+             **(sizes or {})}
     v = {k: round(x, 4) if x < 100 else round(x, 1) for k, x in values.items()}
     description = (f"{platform.node() or 'this machine'} ({platform.machine()}), measured by "
                    f"eqsat-fuse calibrate on {date.today().isoformat()}, one thread per kernel")
@@ -451,6 +455,9 @@ def render(values: dict[str, float], notes: dict[str, str], base_path: Path,
         *([f"int8_matmul_gflops = {v['int8_matmul_gflops']}     # MatMulInteger, the same "
            "sizes", f"int8_conv_gflops = {v['int8_conv_gflops']}       # ConvInteger, the same "
            "sizes"] if "int8_matmul_gflops" in v else []),
+        *([f"attention_gflops = {v['attention_gflops']}       # {sizes['attention_gflops']}",
+           f"attention_op_us = {v['attention_op_us']}        # its fixed cost: packing each "
+           "head's k and v"] if "attention_gflops" in v else []),
         f"reduction_gflops = {v['reduction_gflops']}       # ReduceSum over rows of 256",
         f"elementwise_op_us = {v['elementwise_op_us']}      # "
         f"{notes.get('elementwise_op_us', 'one Add on a tiny tensor')}",
