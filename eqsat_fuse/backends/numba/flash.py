@@ -8,7 +8,7 @@ B, `packed_gemm.pack`'s), then walks its queries in blocks of BQ, each block's q
 panels. For each block of BK keys: the block's scores, transposed (keys by queries: one
 microkernel call per tile of keys and panel of queries, into an L2-resident BK x BQ tile), the
 model's scale (times or over the one-element `sc`, `how` 1 or 2), the mask and the running max
-in one pass over the tile where the mask is one value per key for the block, then the online
+in one pass over the tile, then the online
 softmax along the queries: a running max m, sum l and output accumulator per query, the
 accumulator rescaled by exp(m_old - m_new) when the max grows. The probabilities are read by
 the A-table microkernel where they lie (A[i, k] at k BQ + i) and multiplied by the block's
@@ -16,7 +16,7 @@ rows of v: nothing is packed per block but q. A block of keys that the mask give
 for every query of the block (a causal mask's blocks above the diagonal) is skipped where that
 is exact (`_head`). A mask the heads share has its blocks classified once per batch element
 (`_classify`: their largest value, whether their rows agree); one whose rows differ within a
-block (a causal mask) makes the heads run on blocks of BK / FINE keys, so that fewer blocks
+block (a causal mask) makes the heads run on blocks of FINE_KEYS keys, so that fewer blocks
 straddle the diagonal and more are skipped. The scale and the mask are applied as the model
 applies them (no fused multiply-add: this module has no fast-math flags), so the scores are the
 unfused program's; the sums differ by their order only.
@@ -39,7 +39,7 @@ from .kernels import exp_shift, row_max, row_sum
 from .packed_gemm import MR, NR, _gather_tile, _tile
 
 U = np.uint64      # unsigned indices: no wraparound checks, the packing loops vectorize
-FINE = 5           # a mask with rows per query is classified in blocks of BK / FINE keys
+FINE_KEYS = 96     # a mask with rows per query is classified in blocks of this many keys
 _OPTS = dict(cache=True, error_model="numpy")
 
 
@@ -93,15 +93,6 @@ def _weighted(st, table, ws, VP, j0, n, m, Sk, Dv, ot):
         for p in range(-(-Dv // NR)):
             _gather_tile(mr, ps + 4 * q * MR, pt, pw + 4 * (VP + p * Sk * NR + j0 * NR),
                          po + 4 * (q * MR * Dv + p * NR), Dv, n, min(NR, Dv - p * NR))
-
-
-@njit(**_OPTS)
-def _block_max(st, k0, m, new):
-    """new[i] = max(new[i], st[k0 + i]), NaN kept."""
-    for i in range(m):
-        s = st[U(k0 + i)]
-        t = new[U(i)]
-        new[U(i)] = s if (s > t or s != s) else t
 
 
 @njit(**_OPTS)
@@ -171,15 +162,26 @@ def _mask_block(mask, r0, m, n, mq, mk):
 
 
 @njit(**_OPTS)
-def _add_mask_rows(st, BQ, mask, r0, m, n, mq, mk):
-    """st[k BQ + i] += mask[r0 + i mq + k mk]: a mask whose rows differ, added to the
-    transposed scores in strips of 16 keys (their lines of st stay in L1 along the queries)."""
+def _masked_rows_max(st, BQ, mask, r0, m, n, mq, mk, factor, how, new):
+    """st[k BQ + i] = st[k BQ + i] * factor (how 1) or / factor (how 2) + mask[r0 + i mq +
+    k mk], and new[i] = max(new[i], st[k BQ + i]), NaN kept: a mask whose rows differ, in one
+    pass over the transposed scores, in strips of 16 keys (their lines of st stay in L1 along
+    the queries)."""
     for k0 in range(0, n, 16):
         k1 = min(k0 + 16, n)
         for i in range(m):
             row = r0 + i * mq
+            t = new[U(i)]
             for k in range(k0, k1):
-                st[U(k * BQ + i)] = st[U(k * BQ + i)] + mask[U(row + k * mk)]
+                s = st[U(k * BQ + i)]
+                if how == 1:
+                    s = s * factor
+                elif how == 2:
+                    s = s / factor
+                s = s + mask[U(row + k * mk)]
+                st[U(k * BQ + i)] = s
+                t = s if (s > t or s != s) else t
+            new[U(i)] = t
 
 
 def _classify(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames):
@@ -199,6 +201,16 @@ def _classify(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames):
 
 
 _classify_parallel = njit(parallel=True, **_OPTS)(_classify)
+_classify_serial = njit(**_OPTS)(_classify)     # a small mask: no parallel region to start
+CLASSIFY_PARALLEL_MIN = 1 << 20                 # mask elements (all batch elements) for that
+
+
+@njit(**_OPTS)
+def _classify_blocks(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames):
+    if B * Sq * Sk >= CLASSIFY_PARALLEL_MIN:
+        _classify_parallel(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames)
+    else:
+        _classify_serial(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames)
 
 
 @njit(**_OPTS)
@@ -245,16 +257,15 @@ def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_ma
     # holds when q, k and v are finite, |q.k| * scale <= `bound` (no overflow, no inf - inf),
     # and each query's running max, from the blocks before, exceeds the block's largest mask
     # value plus `bound` by more than 104: exp of the difference is 0 in float32 (subnormals
-    # included), as the unfused softmax computes it, and 0 times a finite v adds 0
-    kbound = np.float32(np.inf)
-    if has_mask and _absmax(v, v0, vr, vc, Sk, Dv) < np.inf:
-        most = abs(sc[0]) if how == 1 else (1 / abs(sc[0]) if how == 2 else 1.0)
-        kbound = D * _absmax(kt, k0, kr, kc, D, Sk) * most
+    # included), as the unfused softmax computes it, and 0 times a finite v adds 0. The
+    # bounds (scans of k, v and the block's q) are computed when a block could be skipped
+    # with a bound of 0 (its largest mask value is that far below), not before: -1 until then
+    kbound = np.float32(-1.0)
     factor = sc[0] if how else np.float32(1.0)
     for i0 in range(0, Sq, BQ):
         m = min(BQ, Sq - i0)
         _panels(q, q0 + i0 * qr, qc, qr, D, m, NR, ws, QP)  # Q^T[d, i] = q[i, d]
-        bound = kbound * _absmax(q, q0 + i0 * qr, qr, qc, m, D) if has_mask else np.inf
+        bound = np.float32(-1.0)
         best[:] = -np.inf
         total[:] = 0.0
         acc[:] = 0.0
@@ -268,18 +279,21 @@ def _head(q, q0, qr, qc, kt, k0, kr, kc, v, v0, vr, vc, mask, m0, mq, mk, has_ma
                     top, same = tops[at], sames[at]
                 else:
                     top, same = _mask_block(mask, r0, m, n, mq, mk)
-                if bound < 1e37 and top + bound < best[:m].min() - 104:
-                    continue
+                if top < best[:m].min() - 104:              # a candidate: bound it
+                    if kbound < 0:
+                        kbound = np.float32(np.inf)
+                        if _absmax(v, v0, vr, vc, Sk, Dv) < np.inf:
+                            most = abs(sc[0]) if how == 1 else (
+                                1 / abs(sc[0]) if how == 2 else 1.0)
+                            kbound = D * _absmax(kt, k0, kr, kc, D, Sk) * most
+                    if bound < 0:
+                        bound = kbound * _absmax(q, q0 + i0 * qr, qr, qc, m, D)
+                    if bound < 1e37 and top + bound < best[:m].min() - 104:
+                        continue
             _scores(ws, KA, QP, j0, n, m, D, st, BQ)
             new[:] = best
             if has_mask and not same:
-                if how == 1:
-                    st[:n * BQ] *= sc[0]
-                elif how == 2:
-                    st[:n * BQ] /= sc[0]
-                _add_mask_rows(st, BQ, mask, r0, m, n, mq, mk)
-                for k in range(n):
-                    _block_max(st, k * BQ, m, new)
+                _masked_rows_max(st, BQ, mask, r0, m, n, mq, mk, factor, how, new)
             else:               # the scale, the key's one mask value and the max in one pass
                 for k in range(n):
                     shift = mask[U(r0 + k * mk)] if has_mask else np.float32(0.0)
@@ -385,17 +399,17 @@ def attention(q, qo, qb, qh, qr, qc, kt, ko, kb, kh, kr, kc, v, vo, vb, vh, vr, 
         # block agree (a padding mask expanded over the queries) the blocks are merged back,
         # else (a causal mask) the heads run on the small blocks, which the mask skips or
         # keeps whole more often
-        fine = max(MR, BK // FINE // MR * MR)
+        fine = FINE_KEYS if BK >= 2 * FINE_KEYS else BK
         nf = B * nq * -(-Sk // fine)
         ftops = np.empty(nf, np.float32)
         fsames = np.zeros(nf, np.bool_)
-        _classify_parallel(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, fine, ftops, fsames)
+        _classify_blocks(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, fine, ftops, fsames)
         if fsames.all():
             _merge(ftops, fsames, nf // nq // B, -(-BK // fine), tops, sames, nb // nq // B)
         else:
             bk, nb, tops, sames = fine, nf, ftops, fsames
     elif shared:
-        _classify_parallel(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames)
+        _classify_blocks(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames)
     for p in prange(parts):
         blk, table = _blocks(BQ, bk, Dv)
         for bh in range(p, BH, parts):
