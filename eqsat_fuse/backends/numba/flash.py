@@ -201,16 +201,6 @@ def _classify(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames):
 
 
 _classify_parallel = njit(parallel=True, **_OPTS)(_classify)
-_classify_serial = njit(**_OPTS)(_classify)     # a small mask: no parallel region to start
-CLASSIFY_PARALLEL_MIN = 1 << 20                 # mask elements (all batch elements) for that
-
-
-@njit(**_OPTS)
-def _classify_blocks(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames):
-    if B * Sq * Sk >= CLASSIFY_PARALLEL_MIN:
-        _classify_parallel(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames)
-    else:
-        _classify_serial(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames)
 
 
 @njit(**_OPTS)
@@ -403,13 +393,13 @@ def attention(q, qo, qb, qh, qr, qc, kt, ko, kb, kh, kr, kc, v, vo, vb, vh, vr, 
         nf = B * nq * -(-Sk // fine)
         ftops = np.empty(nf, np.float32)
         fsames = np.zeros(nf, np.bool_)
-        _classify_blocks(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, fine, ftops, fsames)
+        _classify_parallel(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, fine, ftops, fsames)
         if fsames.all():
             _merge(ftops, fsames, nf // nq // B, -(-BK // fine), tops, sames, nb // nq // B)
         else:
             bk, nb, tops, sames = fine, nf, ftops, fsames
     elif shared:
-        _classify_blocks(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames)
+        _classify_parallel(mask, mo, mb, mq, mk, B, Sq, Sk, BQ, BK, tops, sames)
     for p in prange(parts):
         blk, table = _blocks(BQ, bk, Dv)
         for bh in range(p, BH, parts):
