@@ -101,6 +101,16 @@ def open_sizes(s, drawn: dict, constants: set[str], sizes: set[str]) -> list[int
     return sorted(d for d in dynamic - fixed if d >= 2)
 
 
+def mapped(value, table: dict[int, int]):
+    """`value` (an int, or vectors of them) with each int in `table` replaced by its entry:
+    sizes by their codes, or codes by the sizes a sample reads them as."""
+    if isinstance(value, tuple):
+        return tuple(mapped(v, table) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return table.get(value, value)
+    return value
+
+
 def _grown(array: np.ndarray, size: int, to: int) -> np.ndarray:
     """`array` with every axis of length `size` extended to `to`, its values repeated."""
     for axis, n in enumerate(array.shape):
@@ -118,11 +128,10 @@ def open_variant(s, drawn: dict, constants: set[str], sizes: set[str]):
     size = candidates[int(s.rng.integers(0, len(candidates)))]
     grown = size + GROWTH
     variant = copy.copy(s)
-    variant.codes = {size: CODE_BASE}
     variant.pairs = {(size, grown): CODE_BASE}
     variant.decodes = {CODE_BASE: size}
     variant.sources = {}
-    variant.env = {name: variant.coded(value) if name in sizes else value
+    variant.env = {name: mapped(value, {size: CODE_BASE}) if name in sizes else value
                    for name, value in drawn.items()}
     shadow = copy.copy(variant)
     shadow.decodes = {CODE_BASE: grown}

@@ -19,7 +19,7 @@ import numpy as np
 from ..ops import OPS
 from ..ops import evaluate as _evaluate_op
 from .hints import _Hints
-from .open_dims import constant_variables, paired_shape, size_variables
+from .open_dims import constant_variables, mapped, paired_shape, size_variables
 from .patterns import Call, Eq, Lit, Rule, Var, variables
 from .primitives import (FACT_FUNCTIONS, _PRIMS, VALUE_RELATIONS, _NoFact, _render_value,
                          _Unbound, _Unsupported, _values_equal)
@@ -186,9 +186,8 @@ def _value_relation_array(rng, shape, relation: str, dtype) -> np.ndarray:
 class _Sample:
     """One attempt at instantiating a rule: variable values, leaf arrays, drawn numbers."""
 
-    # open dims (`open_dims`): a variant's drawn size -> its code, (size, shadow's size) ->
-    # code, code -> this sample's size; the variant's shadow, or the shadow's variant
-    codes: dict[int, int] = {}
+    # open dims (`open_dims`): (size, shadow's size) -> code, code -> this sample's size; the
+    # variant's shadow, or the shadow's variant
     pairs: dict[tuple[int, int], int] = {}
     decodes: dict[int, int] = {}
     shadow: "_Sample | None" = None
@@ -532,13 +531,9 @@ class _Sample:
         return f"{kind.lower()}{self.names}"
 
     # evaluation
-    def coded(self, value):
-        """`value` (a size, or a vector of them) with its open sizes as their codes."""
-        return _mapped(value, self.codes)
-
     def decoded(self, value):
         """`value` with every code read as the size it stands for (what evaluation needs)."""
-        return _mapped(value, self.decodes)
+        return mapped(value, self.decodes)
 
     def _attrs(self, spec, values) -> dict:
         n = len(spec.inputs)
@@ -650,15 +645,6 @@ class _Sample:
         values = [self.eval(a) for a in p.args]
         with np.errstate(all="ignore"):
             return _evaluate_op(op, values[:len(spec.inputs)], self._attrs(spec, values))
-
-
-def _mapped(value, table: dict[int, int]):
-    """`value` (an int, or vectors of them) with each int in `table` replaced by its entry."""
-    if isinstance(value, tuple):
-        return tuple(_mapped(v, table) for v in value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return table.get(value, value)
-    return value
 
 
 def _head(p) -> str:

@@ -124,10 +124,7 @@ class Calibration:
         """What the rates were measured on, for the cost file's comments."""
         def listed(sizes, form):
             return ", ".join(form.format(*size) for size in sizes)
-        seqs = getattr(self, "ATTENTION_SEQS", ())
-        return {"attention_gflops": "FusedAttention, 12 heads of 64, fitted at "
-                + " and ".join(map(str, seqs)) + " queries with attention_op_us",
-                "matmul_gflops": "MatMul " + listed(self.MATMUL_SIZES, "{}x{}x{}"),
+        return {"matmul_gflops": "MatMul " + listed(self.MATMUL_SIZES, "{}x{}x{}"),
                 "conv_gflops": "3x3 convolutions " + listed(self.CONV_SIZES, "{0} ch {1}x{1}"),
                 "conv_group_us": "depthwise 3x3 " + listed(self.DEPTHWISE_CASES,
                                                            "{0} ch {1}x{1} stride {2}")}
@@ -616,6 +613,10 @@ class NumbaCalibration(Calibration):
             self.DEPTHWISE_CASES = ((32, 28, 1),)
             self.EPILOGUE_CASE = (16, 32, 28)
             self.ATTENTION_SEQS = (64, 256)
+
+    def sizes(self) -> dict[str, str]:
+        return {**super().sizes(), "attention_gflops": "FusedAttention, 12 heads of 64, fitted "
+                f"at {' and '.join(map(str, self.ATTENTION_SEQS))} queries with attention_op_us"}
 
     def steps(self):
         return [("memory bandwidth", self.memory), ("launch overhead", self.launch),
