@@ -66,3 +66,22 @@ def test_best_fit_reuses_space_of_dead_buffers():
     offsets, arena = place(lifetimes, sizes)
     assert arena == 2048 == lower_bound(lifetimes, sizes, 5)
     assert offsets["a"] != offsets["b"] and offsets["b"] != offsets["c"]
+
+
+def test_placements_that_share_state_place_in_the_order_that_won_first():
+    # the lowerings of one plan at several shapes (lowering.generic) share `placement`: the
+    # first records which order gave the smallest arena, later ones place in that order only
+    lifetimes = {"a": (0, 2), "b": (1, 3), "c": (2, 4), "d": (0, 4), "e": (3, 4)}
+    sizes = {"a": 4096, "b": 1024, "c": 2048, "d": 512, "e": 8192}
+    placement: dict = {}
+    offsets, arena = place(lifetimes, sizes, placement)
+    assert (offsets, arena) == place(lifetimes, sizes)        # the best of every order
+    assert "order" in placement
+    grown = {name: size * 3 for name, size in sizes.items()}
+    offsets, arena = place(lifetimes, grown, placement)
+    for a, (s1, e1) in lifetimes.items():
+        for b, (s2, e2) in lifetimes.items():
+            if a < b and s1 <= e2 and s2 <= e1:
+                assert (offsets[a] + grown[a] <= offsets[b]
+                        or offsets[b] + grown[b] <= offsets[a]), (a, b)
+    assert arena >= lower_bound(lifetimes, grown, 5)
