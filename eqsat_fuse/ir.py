@@ -9,6 +9,8 @@ lowering folds once at compile time.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,12 @@ import numpy as np
 # The default-domain opset that every imported model is upgraded to (`frontend.importer`), and
 # so the one the IR's ops and the opaque nodes `onnx.reference` runs follow.
 CANONICAL_OPSET = 21
+
+
+@functools.cache
+def itemsize(dtype: str) -> int:
+    """The bytes of one element of the dtype named `dtype` (looked up once per name)."""
+    return np.dtype(dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -30,11 +38,11 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        return self.size * itemsize(self.dtype)
 
 
 @dataclass

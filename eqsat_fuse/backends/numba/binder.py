@@ -77,25 +77,27 @@ class NumbaAdapter:
             return Unsupported("compiling in the background (a shape seen for the first time)")
         return impl
 
-    def _geometry(self, kernel: Kernel) -> str:
+    def _geometry(self, kernel: Kernel) -> tuple:
         """Everything the generator reads of a kernel: its body, and each operand's layout,
         dtypes, storage and constant. The lowerings of one plan at several shapes
         (`lowering.generic`) share the kernels whose geometry a new shape leaves as it was
-        (in a decode step, every kernel that does not read the growing cache)."""
+        (in a decode step, every kernel that does not read the growing cache). A tuple of
+        frozen values (layouts, infos, operands) and the attributes' repr, which tells 1
+        from 1.0 and True."""
         backend = self.backend
         names = {kernel.output} | {a.ref for n in kernel.body for a in n.args
                                    if a.kind in ("buffer", "const")}
-        parts = [kernel.kind, repr(kernel.info), repr([(n.op, n.args, n.attrs)
-                                                      for n in kernel.body])]
+        parts = [kernel.kind, kernel.info, tuple((n.op, tuple(n.args), repr(n.attrs))
+                                                 for n in kernel.body)]
         for name in sorted(names):
             lay = backend.layouts.get(name)
             storage = lay.storage if lay is not None else None
             info = backend.plan.buffers.get(storage) if storage else None
-            parts.append(repr((name, lay, backend.stored.get(storage), storage in
-                               backend.external, info, id(backend.constants.get(name)),
-                               id(backend.constants.get(storage)),
-                               name in backend.plan.inputs and backend.plan.inputs[name])))
-        return "\n".join(parts)
+            parts.append((name, lay, backend.stored.get(storage), storage in backend.external,
+                          info, id(backend.constants.get(name)),
+                          id(backend.constants.get(storage)),
+                          name in backend.plan.inputs and backend.plan.inputs[name]))
+        return tuple(parts)
 
     def bind(self, arena: Arena, prepared: list[Prepared]) -> Steps:
         """A step per kernel (for profiling) and the run steps: segments of compiled kernels,
@@ -164,7 +166,8 @@ class _NumbaBinder:
         self.final_storage = final_storage
         self.stored_dtype = stored_dtype
         self.scratch = np.zeros(16, dtype=np.float32)
-        self.base = arena.ctypes.data if arena.size else self.scratch.ctypes.data
+        self.scratch_address = self.scratch.ctypes.data
+        self.base = arena.ctypes.data if arena.size else self.scratch_address
         self.keep: list[np.ndarray] = []            # arrays whose addresses the tables hold
         self.kept: set[tuple] = set()
         self.a: list[int] = []
@@ -181,12 +184,14 @@ class _NumbaBinder:
 
     def _const(self, array: np.ndarray) -> tuple:
         """(address, dims, dtype as held) of a constant, kept alive by the binder."""
-        array = contiguous(array)
-        key = (array.__array_interface__["data"][0], array.shape, array.dtype.str)
+        if not (array.flags.c_contiguous and array.ndim):
+            array = contiguous(array)
+        data = array.__array_interface__["data"][0]
+        key = (data, array.shape, array.dtype.str)
         if key not in self.kept:
             self.kept.add(key)
             self.keep.append(array)
-        address = array.ctypes.data if array.size else self.scratch.ctypes.data
+        address = data if array.size else self.scratch_address
         return address, tuple(int(n) for n in array.shape) or (1,), held_dtype(array.dtype)
 
     def _storage(self, storage: str, dyn: list, at: int) -> tuple:
@@ -218,7 +223,7 @@ class _NumbaBinder:
             places.append((self.base + self.memory.offsets[ws],
                            (self.memory.sizes[ws] // 4,), "float32"))
         else:
-            places.append((self.scratch.ctypes.data, (1,), "float32"))
+            places.append((self.scratch_address, (1,), "float32"))
         declared = [(dtype, len(dims)) for _, dims, dtype in places]
         if declared != impl.arg_types:
             raise AssertionError(f"kernel {kernel.name}: its source reads {impl.arg_types}, "

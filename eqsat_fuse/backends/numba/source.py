@@ -41,6 +41,7 @@ RUNTIME_DIGEST = _runtime_digest()
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=256)
 def held_dtype(dtype) -> str:
     """The dtype of the array a kernel reads a buffer through: float16 is held as uint16
     (Numba has no float16; the kernels convert with F16C)."""
