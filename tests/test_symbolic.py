@@ -346,6 +346,28 @@ def test_shapes_share_the_folded_constants_and_the_kernels_whose_geometry_stays(
     assert shared == list(first.constants)
 
 
+def test_a_shape_lowered_with_what_shapes_share_is_the_one_lowered_alone(gpt2):
+    # a new shape reuses the views' layouts, the placement order and the unchanged kernels of
+    # the shapes before it (`shared`): its layouts must be the ones its own lowering gives,
+    # and its memory plan must keep every two buffers alive at once apart
+    from eqsat_fuse.lowering.generic import specialize
+    from eqsat_fuse.lowering.lower import lower
+    from test_memory import _assert_no_overlap
+    generic = gpt2.generic
+    for past_len in (3, 7, 4):
+        generic.program_for({"batch": 1, "seq": 1, "total": past_len + 1, "past": past_len})
+    binding = {"batch": 2, "seq": 3, "total": 12, "past": 9}
+    program, derived = generic.program_for(binding)
+    alone = lower(specialize(generic.plan, binding), **generic.lower_options)
+    assert program.layouts == alone.layouts
+    _assert_no_overlap(program.memory)
+    assert program.memory.arena_bytes <= 1.25 * alone.memory.arena_bytes
+    feeds = _gpt2_feeds(2, 3, 9, seed=5)
+    got, want = program.run({**feeds, **derived}), alone.run({**feeds, **derived})
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
 def test_the_cli_runs_a_model_with_open_dims_at_the_fed_shape_and_takes_dim(tmp_path):
     import subprocess
     import sys

@@ -9,6 +9,7 @@ buffer) is reported so that lowering materializes it with a copy instead.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,7 @@ class Layout:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))
 
 
 _BASE = np.zeros(1, dtype=np.uint8)
@@ -88,14 +89,16 @@ def layout_of(array: np.ndarray, storage: str, root: np.ndarray) -> Layout:
     return Layout(storage, int(offset), array.shape, array.strides)    # tuples of ints
 
 
-def view_layouts(plan: KernelPlan, constants: dict[str, np.ndarray]
-                 ) -> tuple[dict[str, Layout], set[str]]:
+def view_layouts(plan: KernelPlan, constants: dict[str, np.ndarray],
+                 memo: dict | None = None) -> tuple[dict[str, Layout], set[str]]:
     """Layouts of every graph input, constant and buffer; and the alias kernels that must copy.
 
     Graph inputs and constants are contiguous storages of their own; a compute kernel's output
     is a contiguous storage; an alias kernel is a view of its input's storage when strides allow.
     A storage's probe array is made only when a view of it is resolved (most are never viewed,
-    and making one costs more than the rest of a value's layout).
+    and making one costs more than the rest of a value's layout). `memo`, kept by the
+    lowerings of one plan at several shapes, holds each view's layout by the view and the
+    layout it is applied to: a new shape resolves only the views whose input changed.
     """
     probes: dict[str, np.ndarray] = {}
     roots: dict[str, str] = {}
@@ -121,12 +124,20 @@ def view_layouts(plan: KernelPlan, constants: dict[str, np.ndarray]
             node = kernel.body[0]
             source = node.args[0].ref if node.args and node.args[0].kind != "absent" else None
             if source in layouts:
-                view = apply_view(node, probe_of(source))
-                if view is not None and tuple(view.shape) == tuple(kernel.info.shape):
-                    probes[kernel.output] = view
+                # every probe views the same byte (`_BASE`), so a view's probe and layout
+                # hold for any lowering that applies it to the same layout
+                key = (node.op, repr(node.attrs), layouts[source], tuple(kernel.info.shape))
+                found = memo.get(key) if memo is not None else None
+                if found is None:
+                    view = apply_view(node, probe_of(source))
+                    found = ()
+                    if view is not None and tuple(view.shape) == tuple(kernel.info.shape):
+                        found = (layout_of(view, roots[source], probe_of(roots[source])), view)
+                    if memo is not None:
+                        memo[key] = found
+                if found:
+                    layouts[kernel.output], probes[kernel.output] = found
                     roots[kernel.output] = roots[source]
-                    layouts[kernel.output] = layout_of(view, roots[source],
-                                                       probe_of(roots[source]))
                     continue
             copies.add(kernel.output)
         own(kernel.output, kernel.info.shape)

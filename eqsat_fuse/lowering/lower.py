@@ -66,14 +66,14 @@ def lower(plan: KernelPlan, backend: str = "numpy", opset: int = 21,
     if reuse_inline:
         plan, removed = reuse_inline_copies(plan)
         opaque.plan = plan
-    storage = plan_storage(plan, constants, storage_dtype)
+    storage = plan_storage(plan, constants, storage_dtype, shared)
     context = BackendContext(plan, constants, storage, opaque, cache_dir, threads, numerics,
                              defer_jit, shared)
     chosen = create_backend(backend, context)
     report = BackendReport(backend=backend, storage_dtype=storage_dtype, removed_kernels=removed,
                            threads=threads, numerics=numerics)
     prepared = prepare_kernels(plan, storage, chosen, NumpyBackend(context), report)
-    memory = plan_kernel_memory(plan, storage, prepared)
+    memory = plan_kernel_memory(plan, storage, prepared, shared)
     arena = Arena(plan, memory, storage)
     steps = chosen.bind(arena, prepared)
     chosen.fill_report(report)
@@ -118,15 +118,17 @@ def prepare_kernels(plan: KernelPlan, storage: Storage, backend: Backend,
     return prepared
 
 
-def plan_kernel_memory(plan: KernelPlan, storage: Storage, prepared: list[Prepared]
-                       ) -> MemoryPlan:
-    """The memory plan, with each implementation's workspace and in-place inputs."""
+def plan_kernel_memory(plan: KernelPlan, storage: Storage, prepared: list[Prepared],
+                       shared: dict | None = None) -> MemoryPlan:
+    """The memory plan, with each implementation's workspace and in-place inputs (`shared`:
+    the lowerings of one plan at several shapes also share their placement order)."""
     inplace = {p.index: p.impl.inplace_inputs for p in prepared}
     return plan_memory(
         plan, storage_of=storage.storage_of, nbytes=storage.nbytes,
         workspace={p.index: p.impl.workspace_bytes for p in prepared},
         inplace_ok=lambda i, kernel, name: name in inplace.get(i, ()),
-        external=storage.external)
+        external=storage.external,
+        placement=None if shared is None else shared.setdefault("placement", {}))
 
 
 def build_program(plan: KernelPlan, backend: Backend, storage: Storage, arena: Arena,

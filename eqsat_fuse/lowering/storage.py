@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import KernelPlan
+from ..ir import KernelPlan, itemsize
 from .layout import Layout, view_layouts
 from .memory import view_roots
 
@@ -45,14 +45,16 @@ class Storage:
 
     def nbytes(self, name: str) -> int:
         """The bytes of buffer storage `name` as stored."""
-        return self.plan.buffers[name].size * np.dtype(self.stored_dtype(name)).itemsize
+        return self.plan.buffers[name].size * itemsize(self.stored_dtype(name))
 
 
 def plan_storage(plan: KernelPlan, constants: dict[str, np.ndarray],
-                 storage_dtype: str) -> Storage:
+                 storage_dtype: str, shared: dict | None = None) -> Storage:
     """Lay out every value and choose each storage's dtype (`storage_dtype` for float32
-    intermediates; graph outputs keep the model's dtype)."""
-    layouts, copies = view_layouts(plan, constants)
+    intermediates; graph outputs keep the model's dtype). `shared`: the lowerings of one plan
+    at several shapes also share the views' layouts (`view_layouts`' memo)."""
+    layouts, copies = view_layouts(plan, constants,
+                                   None if shared is None else shared.setdefault("views", {}))
     storage_of = view_roots(plan, copies)
     outputs = set(plan.outputs.values())
     external = {layouts[ref].storage for ref in outputs
