@@ -49,6 +49,10 @@ class Template:
 
     def __init__(self, plan: KernelPlan):
         self.kernels = [_symbolic_kernel(k) for k in plan.kernels]
+        # per symbolic kernel, the body nodes with a dim in an attribute, and those attributes
+        self.attrs = [[(i, [a for a, v in n.attrs.items() if has_dims(v)])
+                       for i, n in enumerate(k.body) if has_dims(list(n.attrs.values()))]
+                      if symbolic else [] for k, symbolic in zip(plan.kernels, self.kernels)]
         self.buffers = [n for n, i in plan.buffers.items() if _symbolic_info(i)]
         self.inputs = [n for n, i in plan.inputs.items() if _symbolic_info(i)]
         # a constant expression whose shape is a dim (a rule broadcast a constant to a value
@@ -64,12 +68,22 @@ def specialize(plan: KernelPlan, binding: dict[str, int],
     with `plan` as it is)."""
     template = template or Template(plan)
 
-    def info(i: TensorInfo) -> TensorInfo:
-        return TensorInfo(tuple(evaluate_all(tuple(i.shape), binding)), i.dtype)
+    shapes: dict[tuple, tuple] = {}       # many values share one symbolic shape
 
-    def kernel(k: Kernel) -> Kernel:
-        body = [replace(n, attrs={a: evaluate_all(v, binding) for a, v in n.attrs.items()})
-                for n in k.body]
+    def info(i: TensorInfo) -> TensorInfo:
+        shape = tuple(i.shape)
+        value = shapes.get(shape)
+        if value is None:
+            value = shapes[shape] = tuple(d.evaluate(binding) if isinstance(d, Dim) else d
+                                          for d in shape)
+        return TensorInfo(value, i.dtype)
+
+    def kernel(k: Kernel, attrs: list[tuple[int, list[str]]]) -> Kernel:
+        body = list(k.body)
+        for i, names in attrs:            # only the nodes, and attributes, that hold dims
+            node = body[i]
+            body[i] = replace(node, attrs={**node.attrs, **{
+                a: evaluate_all(node.attrs[a], binding) for a in names}})
         return Kernel(name=k.name, output=k.output, inputs=list(k.inputs), body=body,
                       kind=k.kind, info=info(k.info) if _symbolic_info(k.info) else k.info,
                       eclass=k.eclass)
@@ -85,8 +99,8 @@ def specialize(plan: KernelPlan, binding: dict[str, int],
                                                             for a, v in b.attrs.items()})
                                           for b in c.body],
                                  info(c.info) if _symbolic_info(c.info) else c.info)
-    return KernelPlan(kernels=[kernel(k) if symbolic else k
-                               for k, symbolic in zip(plan.kernels, template.kernels)],
+    return KernelPlan(kernels=[kernel(k, attrs) if symbolic else k for k, symbolic, attrs
+                               in zip(plan.kernels, template.kernels, template.attrs)],
                       buffers=buffers, inputs=inputs, outputs=dict(plan.outputs),
                       constants=constants, initializers=plan.initializers,
                       opaque_nodes=plan.opaque_nodes)
