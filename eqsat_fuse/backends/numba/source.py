@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,11 @@ def _runtime_digest() -> str:
 
 RUNTIME_DIGEST = _runtime_digest()
 
+_PARAM = re.compile(r"\bG\[(\d+)\]")                       # an integer parameter
+_ENTRY = re.compile(r"\b(K|PG|I8|FA)\.(\w+)_entry\(")        # a runtime entry called
+
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=256)
 def held_dtype(dtype) -> str:
     """The dtype of the array a kernel reads a buffer through: float16 is held as uint16
     (Numba has no float16; the kernels convert with F16C)."""
@@ -105,9 +108,7 @@ class ModuleSource:
     def _runtime_entries(self) -> list[str]:
         """The line registering the runtime entries the kernel calls (`K.<name>_entry`,
         `PG.<name>_entry`: `calls.runtime_entry`), before its machine code is linked."""
-        import re
-        keys = sorted({f"{m}.{name}" for line in self.lines
-                       for m, name in re.findall(r"\b(K|PG|I8|FA)\.(\w+)_entry\(", line)})
+        keys = sorted({f"{m}.{name}" for m, name in _ENTRY.findall("\n".join(self.lines))})
         return [f"KC.use_runtime({', '.join(repr(k) for k in keys)})"] if keys else []
 
     def source(self) -> str:
@@ -139,9 +140,8 @@ class ModuleSource:
         ]
         # integer parameters become locals first: LLVM cannot prove that `out` does not alias
         # G, so G[i] inside a loop would be reloaded each iteration and block vectorization
-        import re
-        used = sorted({int(i) for line in self.lines for i in re.findall(r"\bG\[(\d+)\]", line)})
-        lines = [re.sub(r"\bG\[(\d+)\]", r"g\1", line) for line in self.lines]
+        used = sorted({int(i) for i in _PARAM.findall("\n".join(self.lines))})
+        lines = [_PARAM.sub(r"g\1", line) if "G[" in line else line for line in self.lines]
         views, at = [], 0
         for name, (dtype, ndim) in zip(names, self.arg_types()):
             shape = f"A[{at + 1}]" if ndim == 1 else \
