@@ -20,9 +20,11 @@ class Arena:
 
     `array` is the arena (bytes); `flats` storage -> its flat array (arena slices, and the
     constants); `workspaces` step -> its float32 scratch; `dynamic_storages` the storages a
-    run supplies (graph inputs, and the caller's outputs); `static_env` value -> its array,
-    for every value not in those; `dynamic_views` (value, storage, layout, dtype) for those
-    that are (graph inputs excepted: a feed is its own value).
+    run supplies (graph inputs, and the caller's outputs); `static(name)` the array of every
+    value not in those (made on first use: compiled kernels read the arena through address
+    tables, and only NumPy steps and the outputs need most of these views); `dynamic_views`
+    (value, storage, layout, dtype) for those that are (graph inputs excepted: a feed is its
+    own value).
     """
 
     def __init__(self, plan: KernelPlan, memory: MemoryPlan, storage: Storage):
@@ -48,27 +50,38 @@ class Arena:
             self.workspaces[step] = arena[offset:offset + memory.sizes[name]].view(np.float32)
 
         self.dynamic_storages = set(plan.inputs) | storage.external
-        self.static_env: dict[str, np.ndarray] = {}
+        self._static: dict[str, np.ndarray] = {}
+        self._views: dict[str, tuple[str, Layout, str]] = {}     # made by `static`
         self.dynamic_views: list[tuple[str, str, Layout, np.dtype]] = []
         names = list(plan.inputs) + list(constants) + [k.output for k in plan.kernels]
         for name in names:
             lay = storage.layouts[name]
             root = self.final_storage(lay.storage)
-            dtype = np.dtype(storage.stored_dtype(lay.storage))
             if root in self.dynamic_storages:
                 if name not in plan.inputs:
-                    self.dynamic_views.append((name, root, lay, dtype))
-                continue
-            self.static_env[name] = constants[name] if name in constants else \
-                strided(self.flats[root], lay, dtype)
+                    self.dynamic_views.append((name, root, lay,
+                                               np.dtype(storage.stored_dtype(lay.storage))))
+            elif name in constants:
+                self._static[name] = constants[name]
+            else:
+                self._views[name] = (root, lay, storage.stored_dtype(lay.storage))
 
     def final_storage(self, name: str) -> str:
         """The storage `name` ended in (in-place reuse merges storages)."""
         return self.memory.storage_of.get(name, name)
 
+    def static(self, name: str) -> np.ndarray | None:
+        """The array of value `name` if the program holds it (a constant, or a view of the
+        arena), else None (a graph input, or a view of the caller's outputs)."""
+        value = self._static.get(name)
+        if value is None and name in self._views:
+            root, lay, dtype = self._views[name]
+            value = self._static[name] = strided(self.flats[root], lay, np.dtype(dtype))
+        return value
+
     def value_of(self, name: str, dyn: dict):
         """The array of value `name` in a run whose per-run arrays are `dyn`."""
-        value = self.static_env.get(name)
+        value = self.static(name)
         return dyn[name] if value is None else value
 
 

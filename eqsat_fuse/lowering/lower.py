@@ -170,7 +170,7 @@ def output_tables(plan: KernelPlan, storage: Storage, arena: Arena
             info = constants[ref]
             output_info[name] = (tuple(info.shape), info.dtype)
             continue
-        outputs.append((name, ref, arena.static_env.get(ref)))
+        outputs.append((name, ref, arena.static(ref)))
         info = plan.buffers.get(ref) or plan.inputs[ref]
         output_info[name] = (tuple(info.shape), np.dtype(info.dtype))
         lay = layouts[ref]
