@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...ir import Kernel, KernelPlan
+from ...ir import Kernel, KernelPlan, itemsize
 from ...lowering.arena import Arena
 from ...lowering.memory import MemoryPlan
 from ...lowering.program import BackendReport, contiguous
@@ -204,8 +204,8 @@ class _NumbaBinder:
             return 0, (int(np.prod(info.shape, dtype=np.int64)),), held_dtype(info.dtype)
         if storage in self.constants:
             return self._const(self.constants[storage].reshape(-1))
-        dtype = np.dtype(self.stored_dtype(storage))
-        size = self.memory.sizes[storage] // dtype.itemsize
+        dtype = self.stored_dtype(storage)
+        size = self.memory.sizes[storage] // itemsize(dtype)
         return self.base + self.memory.offsets[storage], (size,), held_dtype(dtype)
 
     def call(self, impl, kernel: Kernel, step: int) -> KernelCall:
