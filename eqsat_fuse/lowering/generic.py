@@ -110,10 +110,18 @@ class ShapeGeneric:
     """The symbolic plan, its signature, and a Program per concrete shape seen so far."""
 
     def __init__(self, plan: KernelPlan, signature: Signature, lower_options: dict[str, Any]):
+        from .fold import reuse_inline_copies
+        # once, over the symbolic plan, not at every shape: a kernel's inline copy of a buffer
+        # that is equal at every binding (the same expression of the symbols)
+        if lower_options.get("reuse_inline", True):
+            plan, self.removed = reuse_inline_copies(plan)
+        else:
+            self.removed = 0
         self.plan = plan
         self.template = Template(plan)
         self.signature = signature
-        self.lower_options = lower_options
+        self.options = lower_options                 # as given: for the buckets' families
+        self.lower_options = {**lower_options, "reuse_inline": False}
         self.programs: OrderedDict[tuple, tuple[Any, dict[str, np.ndarray]]] = OrderedDict()
         self.background_jit = True          # a new shape's uncached kernels compile elsewhere
         self.compiled_since: set[tuple] = set()   # shapes whose deferred kernels are now cached
@@ -161,6 +169,7 @@ class ShapeGeneric:
         with paused():             # the new program's objects live on: no collector walks
             program = lower(specialize(self.plan, binding, self.template),
                             **self.lower_options, defer_jit=defer, shared=self.shared)
+        program.report.removed_kernels = self.removed
         found = (program, found[1] if found else self._derive(binding))
         self.programs[key] = found
         self.programs.move_to_end(key)
@@ -207,7 +216,7 @@ class ShapeGeneric:
         """Another shape bucket: `plan`, extracted for `binding`, serves the shapes nearest it
         (`signature.bucket_of`); this object's own plan serves the representative binding's.
         Returns the bucket's program family."""
-        family = ShapeGeneric(plan, self.signature, self.lower_options)
+        family = ShapeGeneric(plan, self.signature, self.options)
         self.buckets.append((binding, family, cost_us))
         return family
 
