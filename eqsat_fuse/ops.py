@@ -146,6 +146,11 @@ _SPECS = [
     _spec("Abs", ["x"], ref=npo.abs_, scalar="abs({0})"),
     _spec("Reciprocal", ["x"], ref=npo.reciprocal, scalar="({lit[1]} / {0})", domain="nonzero"),
     _spec("Where", ["cond", "x", "y"], ref=npo.where, dtype_of="x"),
+    # logic on booleans (the masks of transformer exports: padding and causal masks combined)
+    _spec("And", ["a", "b"], ref=npo.logical_and, scalar="({0} & {1})", integers=True),
+    _spec("Or", ["a", "b"], ref=npo.logical_or, scalar="({0} | {1})", integers=True),
+    _spec("Xor", ["a", "b"], ref=npo.logical_xor, scalar="({0} != {1})", integers=True),
+    _spec("Not", ["x"], ref=npo.logical_not, scalar="(not {0})", integers=True),
     _spec("Cast", ["x"], ["to"], ref=npo.cast),
     # quantization, per tensor or per axis (the importer makes a per-axis scale and zero point
     # a broadcast against x); the result has the zero point's integer dtype, or the scale's float

@@ -275,6 +275,14 @@ case("fuse-where-rhs",
      graph([("Neg", ["b"], ["n"], {}), ("Where", ["c", "a", "n"], ["y"], {})],
            {"c": ([4, 5], BOOL), "a": [4, 5], "b": [4, 5]}, {"y": [4, 5]}),
      kernel_with("Neg", "Where"))
+for op in ("And", "Or", "Xor"):            # booleans: the producer a Cast to bool
+    for side, args in (("lhs", ["p", "z"]), ("rhs", ["z", "p"])):
+        case(f"fuse-{op.lower()}-{side}",
+             graph([("Cast", ["x"], ["p"], {"to": BOOL}), (op, args, ["y"], {})],
+                   {"x": [4, 5], "z": ([4, 5], BOOL)}, {"y": ([4, 5], BOOL)}),
+             kernel_with("Cast", op))
+case("fuse-not", graph([("Cast", ["x"], ["p"], {"to": BOOL}), ("Not", ["p"], ["y"], {})],
+                       {"x": [4, 5]}, {"y": ([4, 5], BOOL)}), kernel_with("Cast", "Not"))
 
 # ---- fuse: reductions with an elementwise prologue ----
 case("fuse-softmax-prologue",

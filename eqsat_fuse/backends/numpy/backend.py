@@ -45,9 +45,9 @@ def evaluate_body(body: list[BodyNode], operand_value: Callable[[Operand], Any],
 
 
 # Opaque ONNX ops whose semantics are exactly one NumPy function of broadcast inputs (no
-# attributes): run directly instead of through onnx.reference's graph machinery.
+# attributes): run directly instead of through onnx.reference's graph machinery. (And, Or,
+# Xor and Not are covered ops, `ops.OPS`.)
 _DIRECT_OPAQUE: dict[str, Callable] = {
-    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "Not": np.logical_not,
     "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
     "GreaterOrEqual": np.greater_equal, "IsNaN": np.isnan,
 }

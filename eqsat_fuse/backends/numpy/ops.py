@@ -239,6 +239,26 @@ def where(cond, x, y):
     return np.where(np.asarray(cond, dtype=bool), x, np.asarray(y).astype(x.dtype, copy=False))
 
 
+def logical_and(a, b):
+    """a and b elementwise on booleans, with broadcasting (ONNX And)."""
+    return np.logical_and(np.asarray(a, dtype=bool), np.asarray(b, dtype=bool))
+
+
+def logical_or(a, b):
+    """a or b elementwise on booleans, with broadcasting (ONNX Or)."""
+    return np.logical_or(np.asarray(a, dtype=bool), np.asarray(b, dtype=bool))
+
+
+def logical_xor(a, b):
+    """a != b elementwise on booleans, with broadcasting (ONNX Xor)."""
+    return np.logical_xor(np.asarray(a, dtype=bool), np.asarray(b, dtype=bool))
+
+
+def logical_not(x):
+    """not x elementwise on booleans (ONNX Not)."""
+    return np.logical_not(np.asarray(x, dtype=bool))
+
+
 def cast(x, *, to):
     """x converted to dtype `to`; float->int truncates (NaN/inf/overflow -> INT_MIN, as ORT)."""
     x = np.asarray(x)
