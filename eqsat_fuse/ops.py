@@ -59,7 +59,7 @@ class OpSpec:
     scalar_f32: str | None = None        # the form in float32 where it differs (approximations)
     integers: bool = False               # the scalar form holds on integer dtypes too
     # the inputs the op is defined on, which checker, fuzzer and calibration draw inside:
-    # "any", "positive" (> 0) or "nonzero"
+    # "any", "positive" (> 0), "nonzero" or "bool" (booleans only: And, Or, Xor, Not)
     domain: str = "any"
     # the ONNX node of the same name, inputs as they are, attributes `defaults` where absent:
     # the importer and the exporter take it one to one
@@ -147,10 +147,14 @@ _SPECS = [
     _spec("Reciprocal", ["x"], ref=npo.reciprocal, scalar="({lit[1]} / {0})", domain="nonzero"),
     _spec("Where", ["cond", "x", "y"], ref=npo.where, dtype_of="x"),
     # logic on booleans (the masks of transformer exports: padding and causal masks combined)
-    _spec("And", ["a", "b"], ref=npo.logical_and, scalar="({0} & {1})", integers=True),
-    _spec("Or", ["a", "b"], ref=npo.logical_or, scalar="({0} | {1})", integers=True),
-    _spec("Xor", ["a", "b"], ref=npo.logical_xor, scalar="({0} != {1})", integers=True),
-    _spec("Not", ["x"], ref=npo.logical_not, scalar="(not {0})", integers=True),
+    _spec("And", ["a", "b"], ref=npo.logical_and, scalar="({0} & {1})", integers=True,
+          domain="bool"),
+    _spec("Or", ["a", "b"], ref=npo.logical_or, scalar="({0} | {1})", integers=True,
+          domain="bool"),
+    _spec("Xor", ["a", "b"], ref=npo.logical_xor, scalar="({0} != {1})", integers=True,
+          domain="bool"),
+    _spec("Not", ["x"], ref=npo.logical_not, scalar="(not {0})", integers=True,
+          domain="bool"),
     _spec("Cast", ["x"], ["to"], ref=npo.cast),
     # quantization, per tensor or per axis (the importer makes a per-axis scale and zero point
     # a broadcast against x); the result has the zero point's integer dtype, or the scale's float

@@ -267,7 +267,7 @@ class _Picker:
 
 def _draw(rng, op: str, i: int, slot: str, shape) -> np.ndarray:
     domain = OPS[op].domain
-    if slot == "cond":
+    if slot == "cond" or domain == "bool":
         return rng.random(shape) < 0.5
     if slot in INTEGER_SLOTS.get(op, ()):
         return rng.integers(0, 256, shape).astype(np.uint8)

@@ -218,7 +218,7 @@ class Calibration:
         for op, spec in OPS.items():
             if spec.kind == "elementwise" and spec.reference is not None \
                     and op not in cases and op not in _ABOUT_ONE_ADD:
-                cases[op] = ([x if spec.domain == "any" else pos] * len(spec.inputs),
+                cases[op] = ([{"any": x, "bool": x > 0}.get(spec.domain, pos)] * len(spec.inputs),
                              dict(spec.defaults), ())
         self.flops = {key: max(1.0, per_element_us(key, *case) / unit)
                       for key, case in self.elementwise_cases(cases).items()}

@@ -79,7 +79,7 @@ def scalar_expr(node: BodyNode, args: list[str], dtypes: list[str], out_dtype: s
     a = args[0] if args else None
     spec = OPS.get(op)
     if spec is not None and spec.scalar is not None:
-        if not is_float and not spec.integers:
+        if (not is_float and not spec.integers) or (spec.domain == "bool" and t != "bool"):
             raise Unsupported(f"{op} on {out_dtype}")
         template = spec.scalar_f32 if f32 and spec.scalar_f32 is not None else spec.scalar
         return _TEMPLATE.vformat(template, args, _Literals(node.attrs, lit))
