@@ -128,9 +128,7 @@ class NumbaAdapter:
                 reads |= p.impl.reads()
             else:
                 call = binder.call(p.impl, p.kernel, p.index)
-                step = binder.step(call)
-                step.label = "+".join(p.kernel.ops)
-                steps.append(step)
+                steps.append(_KernelStep(binder, call, "+".join(p.kernel.ops)))
                 pending.append(call)
         flush()
         binder._tables()
@@ -145,6 +143,20 @@ class NumbaAdapter:
         report.jit_loaded = stats.loaded
         report.sources = stats.sources
         report.jit_deferred = len({id(fn) for fn in self.deferred})
+
+
+class _KernelStep:
+    """One kernel alone, one dispatch (`_NumbaBinder.step`), built on its first call: a run
+    calls the segments, and only per-kernel timing calls these."""
+
+    def __init__(self, binder: "_NumbaBinder", call: KernelCall, label: str):
+        self.binder, self.call, self.label = binder, call, label
+        self.step: Callable[[dict], None] | None = None
+
+    def __call__(self, dyn: dict) -> None:
+        if self.step is None:
+            self.step = self.binder.step(self.call)
+        self.step(dyn)
 
 
 class _NumbaBinder:
@@ -214,10 +226,12 @@ class _NumbaBinder:
         dyn: list[tuple[int, str]] = []
         a0 = len(self.a)
         places = []
+        at = a0
         for spec in [("storage", self.backend.layouts[kernel.output].storage), *impl.args]:
-            at = a0 + sum(1 + len(p[1]) for p in places)
-            places.append(self._storage(spec[1], dyn, at) if spec[0] == "storage"
-                          else self._const(spec[1]))
+            place = self._storage(spec[1], dyn, at) if spec[0] == "storage" \
+                else self._const(spec[1])
+            places.append(place)
+            at += 1 + len(place[1])
         ws = self.memory.workspace.get(step)
         if ws is not None:
             places.append((self.base + self.memory.offsets[ws],
