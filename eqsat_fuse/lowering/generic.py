@@ -38,21 +38,18 @@ def _symbolic_info(info: TensorInfo | None) -> bool:
     return info is not None and any(isinstance(d, Dim) for d in info.shape)
 
 
-def _symbolic_kernel(kernel: Kernel) -> bool:
-    return _symbolic_info(kernel.info) or any(has_dims(list(n.attrs.values()))
-                                              for n in kernel.body)
-
-
 class Template:
     """Which parts of a symbolic plan hold dims (found once): `specialize` rebuilds those and
     shares the rest (kernels, infos and constants without dims) as they are."""
 
     def __init__(self, plan: KernelPlan):
-        self.kernels = [_symbolic_kernel(k) for k in plan.kernels]
-        # per symbolic kernel, the body nodes with a dim in an attribute, and those attributes
-        self.attrs = [[(i, [a for a, v in n.attrs.items() if has_dims(v)])
-                       for i, n in enumerate(k.body) if has_dims(list(n.attrs.values()))]
-                      if symbolic else [] for k, symbolic in zip(plan.kernels, self.kernels)]
+        # per kernel, the body nodes with a dim in an attribute, and those attributes; a kernel
+        # is symbolic if it has one, or its own shape holds a dim
+        self.attrs = [[(i, names) for i, n in enumerate(k.body)
+                       if (names := [a for a, v in n.attrs.items() if has_dims(v)])]
+                      for k in plan.kernels]
+        self.kernels = [bool(attrs) or _symbolic_info(k.info)
+                        for k, attrs in zip(plan.kernels, self.attrs)]
         self.buffers = [n for n, i in plan.buffers.items() if _symbolic_info(i)]
         self.inputs = [n for n, i in plan.inputs.items() if _symbolic_info(i)]
         # a constant expression whose shape is a dim (a rule broadcast a constant to a value
