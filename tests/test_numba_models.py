@@ -53,6 +53,19 @@ def test_no_kernel_falls_back_to_numpy(compiled):
     assert info["compiled_kernels"] > 0
 
 
+@pytest.mark.parametrize("file", ["bert_tiny_op17.onnx", "gpt2_tiny_op17.onnx"])
+def test_the_layers_of_a_transformer_share_their_generated_kernels(file, kernel_cache):
+    """The second layer's kernels that read no weights (attention, softmax, norms, adds) are
+    the first one's over other buffers: the generator writes each once and the second layer
+    runs it renamed (`backends.numba.geometry`), and the program still computes what
+    onnxruntime does."""
+    program = ef.compile(MODELS_DIR / file, backend="numba", cache_dir=kernel_cache)
+    info = program.report.backend_report
+    assert 0 < info["generated_kernels"] < info["compiled_kernels"], info
+    result = program.verify(seed=3)
+    assert result.ok, result.summary()
+
+
 def test_numba_runs_are_repeatable_and_outputs_are_owned_by_the_caller(compiled):
     name, program = compiled
     feeds = random_feeds(program.plan.inputs, 2)

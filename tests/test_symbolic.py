@@ -346,6 +346,30 @@ def test_shapes_share_the_folded_constants_and_the_kernels_whose_geometry_stays(
     assert shared == list(first.constants)
 
 
+def test_a_kernel_is_specialized_again_only_when_a_symbol_it_names_changes(gpt2):
+    # kernels whose dims name only `batch` stay the same objects when the past grows (the
+    # backend then finds what it kept of them by identity); the others are specialized anew,
+    # and every kernel is the one a specialization from scratch gives
+    from eqsat_fuse.lowering.generic import Template, specialize
+    plan = gpt2.generic.plan
+    template = Template(plan)
+    bindings = [{"batch": 1, "seq": 1, "total": 8, "past": 7},
+                {"batch": 1, "seq": 1, "total": 9, "past": 8},
+                {"batch": 2, "seq": 1, "total": 9, "past": 8}]
+    first, second, third = (specialize(plan, b, template) for b in bindings)
+    kept = [a is b for a, b in zip(first.kernels, second.kernels)]
+    assert any(kept) and not all(kept)
+    for symbols, is_kept in zip(template.symbols, kept):
+        assert is_kept == (not {"past", "total"} & set(symbols))
+    assert not any(a is b for a, b, symbols in zip(second.kernels, third.kernels,
+                                                    template.symbols) if "batch" in symbols)
+    for binding, got in zip(bindings, (first, second, third)):
+        want = specialize(plan, binding)
+        for a, b in zip(got.kernels, want.kernels):
+            assert a.info == b.info and repr([n.attrs for n in a.body]) == \
+                repr([n.attrs for n in b.body]), a.name
+
+
 def test_a_shape_lowered_with_what_shapes_share_is_the_one_lowered_alone(gpt2):
     # a new shape reuses the views' layouts, the placement order and the unchanged kernels of
     # the shapes before it (`shared`): its layouts must be the ones its own lowering gives,

@@ -34,6 +34,15 @@ MAX_SHAPES = 512
 MAX_ARENA_BYTES = 2 << 30
 
 
+def _symbols(value) -> frozenset[str]:
+    """The symbols of the dims in `value` (a dim, or lists and tuples of them)."""
+    if isinstance(value, Dim):
+        return value.symbols
+    if isinstance(value, (list, tuple)):
+        return frozenset().union(*(_symbols(v) for v in value))
+    return frozenset()
+
+
 def _symbolic_info(info: TensorInfo | None) -> bool:
     return info is not None and any(isinstance(d, Dim) for d in info.shape)
 
@@ -50,6 +59,14 @@ class Template:
                       for k in plan.kernels]
         self.kernels = [bool(attrs) or _symbolic_info(k.info)
                         for k, attrs in zip(plan.kernels, self.attrs)]
+        # per symbolic kernel, the symbols its dims name, and its last specialization: a
+        # binding that gives those symbols the same values gets the same Kernel (in a decode
+        # step, every kernel that does not read the cache), so what the backend keeps of it
+        # for the last shape is found by identity
+        self.symbols = [sorted(_symbols(k.info.shape if k.info is not None else ()).union(
+            *(_symbols(k.body[i].attrs[a]) for i, names in attrs for a in names)))
+            for k, attrs in zip(plan.kernels, self.attrs)]
+        self.last: dict[int, tuple[tuple, Kernel]] = {}
         self.buffers = [n for n, i in plan.buffers.items() if _symbolic_info(i)]
         self.inputs = [n for n, i in plan.inputs.items() if _symbolic_info(i)]
         # a constant expression whose shape is a dim (a rule broadcast a constant to a value
@@ -96,8 +113,17 @@ def specialize(plan: KernelPlan, binding: dict[str, int],
                                                             for a, v in b.attrs.items()})
                                           for b in c.body],
                                  info(c.info) if _symbolic_info(c.info) else c.info)
-    return KernelPlan(kernels=[kernel(k, attrs) if symbolic else k for k, symbolic, attrs
-                               in zip(plan.kernels, template.kernels, template.attrs)],
+    kernels = []
+    for i, (k, symbolic, attrs) in enumerate(zip(plan.kernels, template.kernels,
+                                               template.attrs)):
+        if symbolic:
+            values = tuple(binding[s] for s in template.symbols[i])
+            last = template.last.get(i)
+            if last is None or last[0] != values:
+                last = template.last[i] = (values, kernel(k, attrs))
+            k = last[1]
+        kernels.append(k)
+    return KernelPlan(kernels=kernels,
                       buffers=buffers, inputs=inputs, outputs=dict(plan.outputs),
                       constants=constants, initializers=plan.initializers,
                       opaque_nodes=plan.opaque_nodes)

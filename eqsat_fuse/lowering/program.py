@@ -43,6 +43,7 @@ class BackendReport:
     removed_kernels: int = 0              # recomputed buffers read from the inline copy instead
     segments: int = 0                     # dispatches a run makes (each: kernels in sequence)
     jit_deferred: int = 0                 # kernels run by NumPy while they compile elsewhere
+    generated_kernels: int = 0            # written by the generator; the others share one
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

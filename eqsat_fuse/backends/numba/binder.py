@@ -24,6 +24,7 @@ from ..numpy.backend import NumpyKernel
 from .backend import Impl, NumbaBackend
 from .backend import Unsupported as CannotGenerate
 from .calls import run_calls
+from .geometry import geometry, kernel_names, renamed, shareable
 from .parallel_jit import uncached
 from .segments import KernelCall, segment_tables
 from .source import held_dtype
@@ -59,45 +60,61 @@ class NumbaAdapter:
                                     context.numerics, context.shared)
 
         self.deferred: list = []      # kernels left to compile in the background (defer_jit)
+        self.generated: dict = {}     # implementations by geometry (`_generate`)
 
     def prepare(self, kernel: Kernel) -> Impl | Unsupported:
-        memo = None if self.context.shared is None else self.context.shared.setdefault("impls",
-                                                                                      {})
-        key = self._geometry(kernel) if memo is not None else None
-        impl = memo.get(key) if memo is not None else None
+        shared = self.context.shared
+        impl = None
+        if shared is not None:       # a kernel the last shape had, over the same operands
+            seen, operands = shared.setdefault("seen", {}), self._operands(kernel)
+            last = seen.get(kernel.name)
+            if last is not None and last[0] is kernel and last[1] == operands:
+                impl = last[2]
         if impl is None:
-            try:
-                impl = self.backend.prepare(kernel)
-            except CannotGenerate as why:
-                return Unsupported(str(why))
-            if memo is not None:
-                memo[key] = impl
+            impl = self._generate(kernel, self.generated if shared is None
+                                  else shared.setdefault("generated", {}))
+            if isinstance(impl, Unsupported):
+                return impl
+            if shared is not None:
+                seen[kernel.name] = (kernel, operands, impl)
         if self.context.defer_jit and uncached([impl.fn]):
             self.deferred.append(impl.fn)
             return Unsupported("compiling in the background (a shape seen for the first time)")
         return impl
 
-    def _geometry(self, kernel: Kernel) -> tuple:
-        """Everything the generator reads of a kernel: its body, and each operand's layout,
-        dtypes, storage and constant. The lowerings of one plan at several shapes
-        (`lowering.generic`) share the kernels whose geometry a new shape leaves as it was
-        (in a decode step, every kernel that does not read the growing cache). A tuple of
-        frozen values (layouts, infos, operands) and the attributes' repr, which tells 1
-        from 1.0 and True."""
+    def _operands(self, kernel: Kernel) -> tuple:
+        """What a new shape can change of a kernel the shapes share (`specialize` keeps a
+        kernel without dims as it was): its operands' layouts, and their storages' dtypes,
+        infos and whether the caller gives them. The rest of its geometry is the kernel's."""
         backend = self.backend
-        names = {kernel.output} | {a.ref for n in kernel.body for a in n.args
-                                   if a.kind in ("buffer", "const")}
-        parts = [kernel.kind, kernel.info, tuple((n.op, tuple(n.args), repr(n.attrs))
-                                                 for n in kernel.body)]
-        for name in sorted(names):
-            lay = backend.layouts.get(name)
-            storage = lay.storage if lay is not None else None
-            info = backend.plan.buffers.get(storage) if storage else None
-            parts.append((name, lay, backend.stored.get(storage), storage in backend.external,
-                          info, id(backend.constants.get(name)),
-                          id(backend.constants.get(storage)),
-                          name in backend.plan.inputs and backend.plan.inputs[name]))
-        return tuple(parts)
+        layouts = [backend.layouts.get(name) for name in kernel_names(kernel)]
+        storages = {lay.storage for lay in layouts if lay is not None}
+        return tuple(layouts), tuple((s, backend.stored.get(s), s in backend.external,
+                                      backend.plan.buffers.get(s)) for s in sorted(storages))
+
+    def _generate(self, kernel: Kernel, generated: dict) -> Impl | Unsupported:
+        """The kernel's implementation: generated, or the one generated for a kernel of the
+        same geometry (`geometry`), renamed where that kernel's names were others (the layers
+        of a transformer). The lowerings of one plan at several shapes share `generated`
+        (`lowering.generic`): a new shape generates only the kernels whose geometry it changed
+        (in a decode step, those that read the growing cache), once per layer's kernel."""
+        key, names, storages = geometry(self.backend, kernel)
+        exact = (key, tuple(names), tuple(storages))
+        impl = generated.get(exact)
+        if impl is not None:
+            return impl
+        found = generated.get(key)
+        if found is not None:
+            impl = renamed(found[0], found[1], (names, storages))
+        else:
+            try:
+                impl = self.backend.prepare(kernel)
+            except CannotGenerate as why:
+                return Unsupported(str(why))
+            if shareable(impl, storages):
+                generated[key] = (impl, (names, storages))
+        generated[exact] = impl
+        return impl
 
     def bind(self, arena: Arena, prepared: list[Prepared]) -> Steps:
         """A step per kernel (for profiling) and the run steps: segments of compiled kernels,
@@ -142,6 +159,7 @@ class NumbaAdapter:
         report.jit_workers = stats.workers
         report.jit_loaded = stats.loaded
         report.sources = stats.sources
+        report.generated_kernels = stats.kernels
         report.jit_deferred = len({id(fn) for fn in self.deferred})
 
 
