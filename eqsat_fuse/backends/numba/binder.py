@@ -84,8 +84,8 @@ class NumbaAdapter:
 
     def _operands(self, kernel: Kernel) -> tuple:
         """What a new shape can change of a kernel the shapes share (`specialize` keeps a
-        kernel without dims as it was): its operands' layouts, and their storages' dtypes,
-        infos and whether the caller gives them. The rest of its geometry is the kernel's."""
+        kernel whose symbols keep their values): its operands' layouts, and their storages'
+        dtypes, infos and whether the caller gives them. The rest is the kernel's own."""
         backend = self.backend
         layouts = [backend.layouts.get(name) for name in kernel_names(kernel)]
         storages = {lay.storage for lay in layouts if lay is not None}
