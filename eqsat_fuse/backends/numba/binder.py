@@ -98,21 +98,21 @@ class NumbaAdapter:
         of a transformer). The lowerings of one plan at several shapes share `generated`
         (`lowering.generic`): a new shape generates only the kernels whose geometry it changed
         (in a decode step, those that read the growing cache), once per layer's kernel."""
-        key, names, storages = geometry(self.backend, kernel)
-        exact = (key, tuple(names), tuple(storages))
+        key, storages = geometry(self.backend, kernel)
+        exact = (key, tuple(storages))
         impl = generated.get(exact)
         if impl is not None:
             return impl
         found = generated.get(key)
         if found is not None:
-            impl = renamed(found[0], found[1], (names, storages))
+            impl = renamed(found[0], found[1], storages)
         else:
             try:
                 impl = self.backend.prepare(kernel)
             except CannotGenerate as why:
                 return Unsupported(str(why))
             if shareable(impl, storages):
-                generated[key] = (impl, (names, storages))
+                generated[key] = (impl, storages)
         generated[exact] = impl
         return impl
 

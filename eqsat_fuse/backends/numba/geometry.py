@@ -5,8 +5,8 @@ A transformer's layers are the same kernels over other buffers: the layer-3 KV-c
 the layer-4 one read operands of the same shapes, layouts and dtypes, and the generator writes
 the same source and the same parameters for both. `geometry` names a kernel's values and
 storages by where they first appear (the output, then the body's operands in order), so those
-kernels get one key; `renamed` gives the implementation generated for one
-of them to another, its array arguments and in-place inputs renamed position by position. The
+kernels get one key; `renamed` gives the implementation generated for one of them to another,
+its array arguments and in-place inputs renamed position by position. The
 generator's output depends on names only through which operands are the same value or share a
 storage, and the key keeps both: the implementation computes the renamed kernel exactly. A
 constant is in the key by its value when it is small (a scale, an epsilon), else by its
@@ -45,11 +45,11 @@ def _constant(value: Any):
     return id(value)
 
 
-def geometry(backend: Any, kernel: Kernel) -> tuple[tuple, list[str], list[str]]:
+def geometry(backend: Any, kernel: Kernel) -> tuple[tuple, list[str]]:
     """The key of everything the generator reads of `kernel`, its values and storages named
     by position: its body, and each operand's layout, dtypes, storage and constant (a tuple of
     frozen values and the attributes' repr, which tells 1 from 1.0 and True); and the
-    kernel's values and storages, in the order of their positions."""
+    kernel's storages, in the order of their positions (what an implementation names)."""
     names = kernel_names(kernel)
     value_key = {n: f"v{i}" for i, n in enumerate(names)}
     storages: dict[str, str] = {}
@@ -68,7 +68,7 @@ def geometry(backend: Any, kernel: Kernel) -> tuple[tuple, list[str], list[str]]
                       plan.buffers.get(storage) if storage else None, plan.buffers.get(name),
                       _constant(constants.get(name)), _constant(constants.get(storage)),
                       name in plan.inputs and plan.inputs[name]))
-    return tuple(parts), names, list(storages)
+    return tuple(parts), list(storages)
 
 
 def shareable(impl: Any, storages: list[str]) -> bool:
@@ -79,11 +79,10 @@ def shareable(impl: Any, storages: list[str]) -> bool:
                for spec in impl.args) and all(n in known for n in impl.inplace_inputs)
 
 
-def renamed(impl: Any, names: tuple[list[str], list[str]],
-            to: tuple[list[str], list[str]]) -> Any:
-    """`impl`, generated for the kernel whose values and storages are `names`, for the kernel
-    of the same by-position geometry whose values and storages are `to`."""
-    storages = dict(zip(names[1], to[1]))
+def renamed(impl: Any, storages: list[str], to: list[str]) -> Any:
+    """`impl`, generated for the kernel whose storages are `storages`, for the kernel of the
+    same by-position geometry whose storages are `to`."""
+    storages = dict(zip(storages, to))
     out = replace(impl, args=[("storage", storages[spec[1]]) if spec[0] == "storage" else spec
                               for spec in impl.args],
                   inplace_inputs={storages[n] for n in impl.inplace_inputs})
