@@ -4,6 +4,11 @@
 VENV    := .venv
 PYTHON  := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
+# Test processes (pytest-xdist): one per core, at most 4; a file's tests stay in one process, so
+# its module fixtures are built once. TEST_JOBS=0 runs the suite in this process.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); if [ $$n -gt 4 ]; then n=4; fi; \
+	if [ $$n -lt 2 ]; then n=0; fi; echo $$n)
+XDIST   := -n $(TEST_JOBS) --dist loadfile
 
 .PHONY: demo test test-slow fuzz rules venv clean
 
@@ -11,11 +16,11 @@ demo: $(STAMP)
 	$(VENV)/bin/eqsat-fuse demo
 
 test: $(STAMP)
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q $(XDIST)
 
 # The long sweeps that the default run skips.
 test-slow: $(STAMP)
-	$(PYTHON) -m pytest -q -m slow
+	$(PYTHON) -m pytest -q $(XDIST) -m slow
 
 # Random ONNX graphs against onnxruntime: FUZZ_EXAMPLES per backend (default 2000).
 fuzz: $(STAMP)
