@@ -90,6 +90,11 @@ def test_matmul_integer_is_one_vnni_kernel_with_its_epilogue(za_input):
     ("int8", 16, 16, 16, 3, 1, [1, 1, 1, 1], 70),      # depthwise, blocks made x - zx by threads
     ("uint8", 128, 256, 1, 1, 1, [0, 0, 0, 0], 7),     # a 7 x 7 plane: its 49 positions split
     ("int8", 8, 8, 2, 3, 1, [1, 1, 1, 1], 6),          # grouped: direct loops
+    # stride 1 reads the quad image unpacked, its rows Wp wide:
+    ("uint8", 6, 64, 1, 3, 1, [1, 1, 1, 1], 70, 1),    # channels past a quad; rows in chunks
+    ("int8", 5, 9, 1, 5, 1, [2, 0, 1, 3], 13, 1),      # uneven pads, a 5x5, int8
+    ("uint8", 16, 16, 1, 3, 1, [2, 2, 2, 2], 12, 2),   # dilation 2
+    ("uint8", 24, 8, 1, 1, 1, [1, 0, 0, 1], 9, 1),     # a padded 1x1
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_numba_conv_integer_is_exact_and_runs_itself(case, threads):
@@ -97,7 +102,8 @@ def test_numba_conv_integer_is_exact_and_runs_itself(case, threads):
     with a zero point, at one and two threads, and none falls back to NumPy."""
     from numpy.lib.stride_tricks import sliding_window_view
 
-    dtype, cin, cout, groups, k, stride, pads, size = case
+    dtype, cin, cout, groups, k, stride, pads, size, *dilation = case
+    dil = dilation[0] if dilation else 1
     rng = np.random.default_rng(cin * cout + k)
     info = np.iinfo(dtype)
     x = rng.integers(info.min, info.max + 1, (2, cin, size, size)).astype(dtype)
@@ -106,7 +112,7 @@ def test_numba_conv_integer_is_exact_and_runs_itself(case, threads):
     zx = np.array(info.min + 37, dtype)
     graph = helper.make_graph(
         [helper.make_node("ConvInteger", ["x", "w", "zx"], ["y"], pads=pads,
-                          strides=[stride, stride], group=groups)],
+                          strides=[stride, stride], group=groups, dilations=[dil, dil])],
         "ci", [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(x.dtype),
                                              x.shape)],
         [helper.make_tensor_value_info("y", TensorProto.INT32, [None] * 4)],
@@ -117,7 +123,9 @@ def test_numba_conv_integer_is_exact_and_runs_itself(case, threads):
     got = compiled.run({"x": x})["y"]
     d = np.pad(x.astype(np.int64) - int(zx), ((0, 0), (0, 0), (pads[0], pads[2]),
                                                (pads[1], pads[3])))
-    win = sliding_window_view(d, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]
+    span = (k - 1) * dil + 1
+    win = sliding_window_view(d, (span, span), axis=(2, 3))[:, :, ::stride, ::stride,
+                                                            ::dil, ::dil]
     cg, mg = cin // groups, cout // groups
     want = np.concatenate([np.einsum("ncyxij,mcij->nmyx", win[:, g * cg:(g + 1) * cg],
                                      w[g * mg:(g + 1) * mg].astype(np.int64))

@@ -61,16 +61,21 @@ AVAILABLE = _vnni()
 def microkernel_ir(symbol: str = "", swapped: bool = False) -> str:
     """`void eqsat_fuse_i8mk(A, B, C, ldc, k4)`: C[i, j] = sum_k A[i, k] B[k, j], i < MR, j < NR,
     A one row tile of `pack_a` (word (kk, i) at A + 4 (kk MR + i)), B one panel of `pack_b`
-    (words (kk, j) at B + 4 (kk NR + j)), C int32 with row stride ldc (elements)."""
+    (words (kk, j) at B + 4 (kk NR + j)), C int32 with row stride ldc (elements). The swapped
+    kernel takes a sixth argument O, int64 word offsets of B's rows: words (kk, j) at
+    B + 4 (O[kk] + j), so that B may be a panel (O[kk] = kk NR) or the image itself."""
     acc = [(i, h) for i in range(MR) for h in range(2)]
     lines = [
         "declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)",
         f"define void @{symbol or SYMBOL}(ptr noalias %A, ptr noalias %B, ptr noalias %C, "
-        "i64 %ldc, i64 %k4) #0 {",
+        "i64 %ldc, i64 %k4" + (", ptr noalias %O" if swapped else "") + ") #0 {",
         "entry:", "  br label %k", "k:", "  %kk = phi i64 [0, %entry], [%kk2, %k]"]
     lines += [f"  %c{i}_{h} = phi <16 x i32> [zeroinitializer, %entry], [%n{i}_{h}, %k]"
               for i, h in acc]
-    lines += [f"  %bo = mul i64 %kk, {NR}", "  %bp0 = getelementptr i32, ptr %B, i64 %bo",
+    # the swapped kernel reads B's row kk at word O[kk] (a panel's kk NR, or an image's tap)
+    lines += ["  %op = getelementptr i64, ptr %O, i64 %kk", "  %bo = load i64, ptr %op, align 8"]\
+        if swapped else [f"  %bo = mul i64 %kk, {NR}"]
+    lines += ["  %bp0 = getelementptr i32, ptr %B, i64 %bo",
               "  %bp1 = getelementptr i32, ptr %bp0, i64 16",
               "  %b0 = load <16 x i32>, ptr %bp0, align 4",
               "  %b1 = load <16 x i32>, ptr %bp1, align 4", f"  %ao = mul i64 %kk, {MR}"]
@@ -157,9 +162,10 @@ def _tile(typingctx, a, b, c, ldc, k4):
 
 
 @intrinsic
-def _tile_t(typingctx, a, b, c, ldc, k4):
-    """The swapped-operand microkernel (A signed, B unsigned) on integer addresses."""
-    return types.none(a, b, c, ldc, k4), _call_codegen(SYMBOL_T, {0, 1, 2})
+def _tile_t(typingctx, a, b, c, ldc, k4, o):
+    """The swapped-operand microkernel (A signed, B unsigned, B's rows at the word offsets o)
+    on integer addresses."""
+    return types.none(a, b, c, ldc, k4, o), _call_codegen(SYMBOL_T, {0, 1, 2, 5})
 
 
 _OPTS = dict(cache=True, error_model="numpy")
@@ -224,73 +230,88 @@ def gemm(a, a_off, lda, r0, r1, bp, n, k, c, ldc, ws, colsum, za):
     tiles(ws, r1 - r0, bp, n, k, c, r0, ldc, colsum, za)
 
 
+def quad_words(c: int) -> int:
+    """Groups of 4 channels (a Conv's k words per tap) of `c` channels."""
+    return -(-c // 4)
+
+
+def quad_image_words(c: int, hp: int, wp: int) -> int:
+    """Words of `quad_planes`' image: its quads of padded planes, and the slack that a
+    stride-1 Conv's last panel reads past them (`conv_columns`)."""
+    return quad_words(c) * hp * wp + wp + NR
+
+
 @njit(**_OPTS)
-def pad_planes(x, x_off, C, H, W, ph, pw, Hp, Wp, pad, flip, out):
-    """One image's planes padded: out[(c Hp + h) Wp + w] = x[x_off + (c H + h - ph) W + w - pw]
-    inside the image, `pad` (the zero point) around it; with `flip` each byte has its top bit
-    flipped (int8 read as uint8 + 128)."""
-    top = np.uint8(0x80) if flip else np.uint8(0)
-    fill = np.uint8(pad)
-    for c in range(C):
+def quad_planes(x, x_off, C, H, W, ph, pw, Hp, Wp, pad, flip, out):
+    """One image's planes padded, 4 channels to a word: byte q of out[(cq Hp + h) Wp + w] is
+    x[x_off + ((4 cq + q) H + h - ph) W + w - pw] inside the image, `pad` (the zero point)
+    around it and in the channels past C; with `flip` each byte has its top bit flipped (int8
+    read as uint8 + 128). A Conv's word of 4 consecutive k is then one word of this image."""
+    top = np.uint32(0x80808080) if flip else np.uint32(0)
+    fill = np.uint32(pad) * np.uint32(0x01010101)
+    for cq in range(-(-C // 4)):
         for h in range(Hp):
-            dst = U((c * Hp + h) * Wp)
+            dst = U((cq * Hp + h) * Wp)
             if h < ph or h >= ph + H:
                 for w in range(U(Wp)):
-                    out[dst + w] = fill
+                    out[dst + w] = np.int32(fill)
                 continue
-            src = U(x_off + (c * H + h - ph) * W)
             for w in range(U(pw)):
-                out[dst + w] = fill
-            for w in range(U(W)):
-                out[dst + U(pw) + w] = x[src + w] ^ top
+                out[dst + w] = np.int32(fill)
             for w in range(U(pw + W), U(Wp)):
-                out[dst + w] = fill
+                out[dst + w] = np.int32(fill)
+            base = U(dst + U(pw))
+            if 4 * cq + 4 <= C:
+                s0 = U(x_off + ((4 * cq) * H + h - ph) * W)
+                s1, s2, s3 = s0 + U(H * W), s0 + U(2 * H * W), s0 + U(3 * H * W)
+                for w in range(U(W)):
+                    out[base + w] = np.int32(
+                        (np.uint32(x[s0 + w]) | (np.uint32(x[s1 + w]) << np.uint32(8))
+                         | (np.uint32(x[s2 + w]) << np.uint32(16))
+                         | (np.uint32(x[s3 + w]) << np.uint32(24))) ^ top)
+            else:                   # the last quad, with channels past C
+                for w in range(W):
+                    v = fill
+                    for q in range(C - 4 * cq):
+                        b = np.uint32(x[U(x_off + ((4 * cq + q) * H + h - ph) * W + w)])
+                        v = (v & ~(np.uint32(0xFF) << np.uint32(8 * q))) | \
+                            ((b ^ (top & np.uint32(0xFF))) << np.uint32(8 * q))
+                    out[base + U(w)] = np.int32(v)
 
 
 @njit(**_OPTS)
-def _pack_run(xs, offs, k, src, sw, b32, dst, run):
-    """Words (kk, dst + j) for j < run of a B panel: 4 consecutive k of the positions
-    src + j sw (one output row), unit stride apart (the common case) or sw. Indices are
-    unsigned (U), so that no negative-index wraparound keeps the loops from vectorizing."""
-    k4 = -(-k // 4)
-    for kk in range(k4):
-        kb = 4 * kk
-        d = U(dst + kk * NR)
-        if kb + 4 <= k:
-            o0, o1 = U(src + offs[kb]), U(src + offs[kb + 1])
-            o2, o3 = U(src + offs[kb + 2]), U(src + offs[kb + 3])
-            if sw == 1:
-                for j in range(U(run)):
-                    b32[d + j] = np.int32(
-                        np.uint32(xs[o0 + j]) | (np.uint32(xs[o1 + j]) << np.uint32(8))
-                        | (np.uint32(xs[o2 + j]) << np.uint32(16))
-                        | (np.uint32(xs[o3 + j]) << np.uint32(24)))
-            else:
-                step = U(sw)
-                for j in range(U(run)):
-                    q = j * step
-                    b32[d + j] = np.int32(
-                        np.uint32(xs[o0 + q]) | (np.uint32(xs[o1 + q]) << np.uint32(8))
-                        | (np.uint32(xs[o2 + q]) << np.uint32(16))
-                        | (np.uint32(xs[o3 + q]) << np.uint32(24)))
-        else:
-            for j in range(run):
-                v = np.uint32(0)
-                for i in range(k - kb):
-                    v |= np.uint32(xs[U(src + offs[kb + i] + j * sw)]) << np.uint32(8 * i)
-                b32[d + U(j)] = np.int32(v)
-
-
-@njit(**_OPTS)
-def conv_columns(xs, offs, k, wsrc, sh, sw, OW, q0, q1, ap, m, rowsum, zx, c, ldc, bws):
+def conv_columns(xq, offs, k4, Wp, sh, sw, OW, q0, q1, ap, m, rowsum, zx, c, ldc, bws, ptab,
+                 ldv):
     """Output positions q0 <= q < q1 of a Conv (one group, one image) as c[m ldc + q - q0]
-    int32, exactly: the signed weights are A (packed by `pack_a`, at compile time), the
-    unsigned activations B, read from planes xs in which the input element (k, q) lies at
-    offs[k] + (oh sh) wsrc + ow sw (q = oh OW + ow; k = (channel, tap) in the weights' order),
-    packed here panel by panel into bws (`_pack_run`); the product by the
+    int32, exactly: the signed weights are A (packed by `pack_a` in `conv_a`'s order, at
+    compile time), the unsigned activations B, words of the quad image xq (`quad_planes`) in
+    which word kk of position (oh, ow) lies at offs[kk] + oh sh Wp + ow sw; the product by the
     swapped-operand microkernel; then the zero point: sum_k w (x - zx) = sum_k w x - zx
-    rowsum[m]."""
-    k4 = -(-k // 4)
+    rowsum[m].
+
+    - Stride 1 (q0 and q1 whole output rows): B is the image itself, no packing. Position
+      (oh, ow) is column oh Wp + ow of a row Wp wide (the columns ow >= OW are discarded), so
+      a panel of NR columns is NR consecutive words of each tap's row: the microkernel reads
+      them at offs. C is computed ldv wide, then its rows of OW are moved into place.
+    - Other strides: each panel of NR positions is gathered into bws (words (kk, j) at
+      kk NR + j, ptab[kk] = kk NR) on the way, one output row's run of positions at a time."""
+    mt = -(-m // MR)
+    if sh == 1 and sw == 1:
+        oh0, rows = q0 // OW, -(-(q1 - q0) // OW)
+        panels = -(-(rows * Wp) // NR)
+        for i in range(mt):
+            for t in range(panels):
+                _tile_t(ap.ctypes.data + i * MR * k4 * 4,
+                        xq.ctypes.data + 4 * (oh0 * Wp + t * NR),
+                        c.ctypes.data + 4 * (i * MR * ldv + t * NR), ldv, k4,
+                        offs.ctypes.data)
+        for r in range(m):          # rows of OW out of rows of Wp, in place (dst <= src)
+            zs = np.int32(zx * rowsum[r])
+            for oh in range(rows):
+                src, dst = U(r * ldv + oh * Wp), U(r * ldc + oh * OW)
+                for ow in range(U(OW)):
+                    c[dst + ow] = c[src + ow] - zs
+        return
     n = q1 - q0
     panels = -(-n // NR)
     b32 = bws.view(np.int32)
@@ -306,12 +327,16 @@ def conv_columns(xs, offs, k, wsrc, sh, sw, OW, q0, q1, ap, m, rowsum, zx, c, ld
                 break
             oh, ow = divmod(q, OW)
             run = min(NR - j, OW - ow, q1 - q)
-            _pack_run(xs, offs, k, oh * sh * wsrc + ow * sw, sw, b32, base + j, run)
+            src = oh * sh * Wp + ow * sw
+            for kk in range(k4):
+                o, d = U(src + offs[kk]), U(base + kk * NR + j)
+                for jj in range(U(run)):
+                    b32[d + jj] = xq[o + jj * U(sw)]
             j += run
-    for i in range(-(-m // MR)):
+    for i in range(mt):
         for t in range(panels):
             _tile_t(ap.ctypes.data + i * MR * k4 * 4, bws.ctypes.data + t * k4 * NR * 4,
-                    c.ctypes.data + 4 * (i * MR * ldc + t * NR), ldc, k4)
+                    c.ctypes.data + 4 * (i * MR * ldc + t * NR), ldc, k4, ptab.ctypes.data)
     if zx != 0:
         for r in range(m):
             zs = np.int32(zx * rowsum[r])
@@ -322,13 +347,23 @@ def conv_columns(xs, offs, k, wsrc, sh, sw, OW, q0, q1, ap, m, rowsum, zx, c, ld
 
 def conv_a(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Int8 Conv weights [M, C, kh, kw] as `conv_columns`' A (packed rows of M, k in the
-    weights' (channel, tap) order) and their row sums."""
-    m = w.shape[0]
-    rows = np.ascontiguousarray(w.reshape(m, -1))
+    order (quad of 4 channels, tap, channel of the quad), channels past C zero) and their row
+    sums."""
+    m, c, kh, kw = w.shape
+    quads = np.zeros((m, quad_words(c) * 4, kh, kw), np.int8)
+    quads[:, :c] = w
+    rows = np.ascontiguousarray(
+        quads.reshape(m, -1, 4, kh, kw).transpose(0, 1, 3, 4, 2).reshape(m, -1))
     k = rows.shape[1]
     packed = np.zeros(a_workspace(m, k), np.uint8)
     pack_a(rows.view(np.uint8).reshape(-1), 0, k, 0, m, k, packed)
-    return packed, rows.astype(np.int64).sum(axis=1).astype(np.int32)
+    return packed, w.reshape(m, -1).astype(np.int64).sum(axis=1).astype(np.int32)
+
+
+def conv_offsets(c: int, kh: int, kw: int, hp: int, wp: int, dh: int, dw: int) -> np.ndarray:
+    """Word offsets in `quad_planes`' image of a Conv's k words at position 0: (quad, tap)."""
+    return np.array([(cq * hp + i * dh) * wp + j * dw for cq in range(quad_words(c))
+                     for i in range(kh) for j in range(kw)], np.int64)
 
 
 @njit(**_OPTS)
@@ -363,10 +398,11 @@ def conv_direct(x, x_off, C, H, W, M, G, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW,
 gemm_entry = runtime_entry(gemm, "I8.gemm", [U8_ARRAY, I64, I64, I64, I64, I8_ARRAY, I64, I64,
                                              I32_ARRAY, I64, U8_ARRAY, I32_ARRAY, I64])
 I64_ARRAY = types.Array(types.int64, 1, "C")
-pad_planes_entry = runtime_entry(pad_planes, "I8.pad_planes", [U8_ARRAY] + [I64] * 10 + [U8_ARRAY])
+quad_planes_entry = runtime_entry(quad_planes, "I8.quad_planes",
+                                  [U8_ARRAY] + [I64] * 10 + [I32_ARRAY])
 conv_columns_entry = runtime_entry(
     conv_columns, "I8.conv_columns",
-    [U8_ARRAY, I64_ARRAY] + [I64] * 7 + [U8_ARRAY, I64, I32_ARRAY, I64, I32_ARRAY, I64,
-                                         U8_ARRAY])
+    [I32_ARRAY, I64_ARRAY] + [I64] * 7 + [U8_ARRAY, I64, I32_ARRAY, I64, I32_ARRAY, I64,
+                                          U8_ARRAY, I64_ARRAY, I64])
 conv_direct_entry = runtime_entry(conv_direct, "I8.conv_direct",
                                   [U8_ARRAY] + [I64] * 16 + [I8_ARRAY, I64, I64, I32_ARRAY])

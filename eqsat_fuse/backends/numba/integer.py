@@ -214,14 +214,16 @@ def _conv_depthwise_exact(e: Emitter, a: int, epilogue: list[int], w: np.ndarray
 def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_source: str,
                   flip: bool) -> tuple[str, str, tuple[str, str], str]:
     """The lines of a one-group ConvInteger (`I8.conv_columns`: signed weights by the unsigned
-    activations, read from the image X8 or its padded copy), its chunks of positions shared among
-    the threads; returns the epilogue's accumulator index, indent, columns and array."""
+    activations, read from the image's padded quad planes, `I8.quad_planes`), its chunks of
+    positions shared among the threads; returns the epilogue's accumulator index, indent,
+    columns and array. A stride-1 Conv's chunks are whole output rows, read from the image
+    with no packing; other strides pack each chunk's panels."""
     code = e.code
     p = code.int_param
     N, C, H, W = shape
     OH, OW = out_hw
     M, _, kh, kw = w.shape
-    P, K = OH * OW, w[0].size
+    P = OH * OW
     ph, pw, pe_h, pe_w = attrs["pads"]
     sh, sw = attrs["strides"]
     dh, dw = attrs["dilations"]
@@ -229,37 +231,43 @@ def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_sour
     ap, rowsum = I8.conv_a(w)
     aname = code.array(("I8A", e.kernel.name), ("array", ap))
     sums = code.array(("I8S", e.kernel.name), ("array", rowsum))
-    direct = kh == kw == sh == sw == 1 and not any((ph, pw, pe_h, pe_w)) and not flip
-    Hp, Wp = (H, W) if direct else (H + ph + pe_h, W + pw + pe_w)
-    offs = np.array([(c * Hp + i * dh) * Wp + j * dw for c in range(C) for i in range(kh)
-                     for j in range(kw)], np.int64)
-    oname = code.array(("I8O", e.kernel.name), ("array", offs))
-    k4, rows = -(-K // 4), -(-M // I8.MR) * I8.MR
-    panels = max(1, min((1 << 18) // (4 * k4 * I8.NR), (1 << 19) // (4 * rows * I8.NR)))
-    block = min(panels * I8.NR, -(-P // I8.NR) * I8.NR)
+    Hp, Wp = H + ph + pe_h, W + pw + pe_w
+    oname = code.array(("I8O", e.kernel.name),
+                       ("array", I8.conv_offsets(C, kh, kw, Hp, Wp, dh, dw)))
+    k4, rows = I8.quad_words(C) * kh * kw, -(-M // I8.MR) * I8.MR
+    tname = code.array(("I8T", e.kernel.name), ("array", np.arange(k4, dtype=np.int64) * I8.NR))
     threads = e.backend.threads
-    if conv_parts(e, N * M * K * P, threads) > 1 and -(-P // block) < threads:
-        # fewer chunks than threads (a 14 x 14 or 7 x 7 plane): chunks of a thread's share
-        share = -(-P // threads)
-        block = max(I8.NR, -(-share // I8.NR) * I8.NR)
+    one_row = sh == sw == 1
+    if one_row:
+        # whole output rows, C about 512 KiB; as many chunks as threads at least, if shared
+        nrows = max(1, min(OH, (1 << 17) // rows // Wp))
+        if conv_parts(e, N * M * w[0].size * P, threads) > 1 and -(-OH // nrows) < threads:
+            nrows = -(-OH // threads)
+        block, ldv, bsz = nrows * OW, I8.c_cols(nrows * Wp), 0
+    else:
+        panels = max(1, min((1 << 18) // (4 * k4 * I8.NR), (1 << 19) // (4 * rows * I8.NR)))
+        block = min(panels * I8.NR, -(-P // I8.NR) * I8.NR)
+        if conv_parts(e, N * M * w[0].size * P, threads) > 1 and -(-P // block) < threads:
+            # fewer chunks than threads (a 14 x 14 or 7 x 7 plane): chunks of a thread's share
+            share = -(-P // threads)
+            block = max(I8.NR, -(-share // I8.NR) * I8.NR)
+        ldv, bsz = block, k4 * block
     nchunks = -(-P // block)
     # threads share an image's chunks of positions, each with its own B and C workspace
-    parts = conv_parts(e, N * M * K * P, nchunks)
-    bsz, csz = k4 * block, rows * block
-    bws, acc = e.alloc(bsz * parts), e.alloc(csz * parts)
-    code.lines += [f"BW = WS[{bws}:{bws} + {p(bsz * parts)}].view(np.uint8)",
-                   f"C32 = WS[{acc}:{acc} + {p(csz * parts)}].view(np.int32)"]
-    if not direct:
-        xp = e.alloc(-(-(C * Hp * Wp) // 4))
-        code.lines.append(f"XP = WS[{xp}:{xp} + {p(-(-(C * Hp * Wp) // 4))}].view(np.uint8)")
-    code.lines.append(f"for n in range({p(N)}):")
-    if direct:
-        code.lines.append(f"    XS = X8[n * {p(C * H * W)}:(n + 1) * {p(C * H * W)}]")
-    else:
-        code.lines += [
-            f"    I8.pad_planes_entry((X8, n * {p(C * H * W)}, {geo}, {p(ph)}, {p(pw)}, "
-            f"{p(Hp)}, {p(Wp)}, {zx_source}, {int(flip)}, XP))",
-            "    XS = XP"]
+    parts = conv_parts(e, N * M * w[0].size * P, nchunks)
+    csz = rows * ldv
+    acc = e.alloc(csz * parts)
+    xwords = I8.quad_image_words(C, Hp, Wp)
+    xq = e.alloc(xwords)
+    code.lines += [f"C32 = WS[{acc}:{acc} + {p(csz * parts)}].view(np.int32)",
+                   f"XQ = WS[{xq}:{xq} + {p(xwords)}].view(np.int32)"]
+    if bsz:
+        bws = e.alloc(bsz * parts)
+        code.lines.append(f"BW = WS[{bws}:{bws} + {p(bsz * parts)}].view(np.uint8)")
+    code.lines += [
+        f"for n in range({p(N)}):",
+        f"    I8.quad_planes_entry((X8, n * {p(C * H * W)}, {geo}, {p(ph)}, {p(pw)}, "
+        f"{p(Hp)}, {p(Wp)}, {zx_source}, {int(flip)}, XQ))"]
     if parts == 1:
         code.lines += [f"    for p0 in range(0, EC, {p(block)}):",
                        "        th = 0"]
@@ -271,12 +279,13 @@ def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_sour
                        f"{p(nchunks)})):",
                        f"            p0 = ci * {p(block)}"]
     indent = "        " if parts == 1 else "            "
+    bw = f"BW[th * {p(4 * bsz)}:(th + 1) * {p(4 * bsz)}]" if bsz else "XQ.view(np.uint8)[:0]"
     code.lines += [indent + line for line in (
         f"p1 = min(p0 + {p(block)}, EC)",
         f"CW = C32[th * {p(csz)}:(th + 1) * {p(csz)}]",
-        f"I8.conv_columns_entry((XS, {oname}, {p(K)}, {p(Wp)}, {p(sh)}, {p(sw)}, "
+        f"I8.conv_columns_entry((XQ, {oname}, {p(k4)}, {p(Wp)}, {p(sh)}, {p(sw)}, "
         f"{p(OW)}, p0, p1, {aname}, {p(M)}, {sums}, {zx_source}, CW, {p(block)}, "
-        f"BW[th * {p(4 * bsz)}:(th + 1) * {p(4 * bsz)}]))",
+        f"{bw}, {tname}, {p(ldv)}))",
         f"r0 = n * {p(M)}",
         f"r1 = r0 + {p(M)}")]
     index = f"(r - r0) * {p(block)} + (c - p0)"
