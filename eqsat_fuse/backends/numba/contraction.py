@@ -27,9 +27,12 @@ SHIFTED_MAX_WIDTH_RATIO = 1.1
 SHIFTED_MIN_PIXELS = 256
 # constant-weight GEMMs of at least this many multiply-adds share their panels among threads
 PARALLEL_MIN_MACS = 1 << 22
-# a Conv of at least this many multiply-adds shares its channel blocks (depthwise) or column
-# chunks (packed) among the threads, in one parallel region
+# a Conv of at least this many multiply-adds shares its column chunks (packed) among the
+# threads, in one parallel region
 PARALLEL_MIN_CONV_MACS = 1 << 20
+# a depthwise one its channel blocks from this many: it does several times a GEMM's work per
+# multiply-add (MobileNetV2's int8 3x3 on 28 x 28, 1.0M of them, took 250 us at one thread)
+PARALLEL_MIN_DW_MACS = 1 << 17
 # Conv on AVX-512: the packed-weight microkernel over row offsets of the input (conv_packed);
 # output positions go in chunks of at most CONV_CHUNK_PANELS panels whose input slice is within
 # CONV_CHUNK_BYTES, and rows in blocks whose output chunk is within CONV_BLOCK_BYTES
@@ -416,12 +419,13 @@ def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[st
     wname = code.array(("W", e.kernel.name), ("array", np.ascontiguousarray(wv.reshape(-1))))
     block = max(1, min(g.M, (1 << 15) // max(P, 1)))
     macs = g.N * g.M * P * g.kh * g.kw
-    if e.backend.threads > 1 and macs >= PARALLEL_MIN_CONV_MACS:
-        block = max(1, min(block, -(-g.M // e.backend.threads)))   # a block a thread at least
-    if dw_blocked(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.OW):   # whole vectors of channels
-        block = min(g.M, -(-block // DW_LANES) * DW_LANES)
+    # whole vectors of channels where the kernel blocks them; as many blocks a thread
+    unit = DW_LANES if dw_blocked(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.OW) else 1
+    units = -(-g.M // unit)
+    threads = conv_parts(e, macs, units, PARALLEL_MIN_DW_MACS)
+    block = min(g.M, balanced_chunk(units, max(1, block // unit), threads) * unit)
     nblocks = -(-g.M // block)
-    parts = conv_parts(e, macs, nblocks)
+    parts = conv_parts(e, macs, nblocks, PARALLEL_MIN_DW_MACS)
     pad = e.alloc(pad_size * parts)
     padn = code.int_param(pad_size)
     code.lines.append(f"PADS = WS[{pad}:{pad} + {code.int_param(pad_size * parts)}]")
@@ -457,15 +461,24 @@ def conv_depthwise(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[st
     code.lines += [ind + line for line in lines_epi]
 
 
-def conv_parts(e: Emitter, macs: int, items: int) -> int:
+def conv_parts(e: Emitter, macs: int, items: int, least: int = PARALLEL_MIN_CONV_MACS) -> int:
     """How many threads share a Conv's independent blocks (channel blocks, column chunks):
-    one unless the program has more than one thread, the Conv at least
-    PARALLEL_MIN_CONV_MACS multiply-adds, and there are at least as many blocks as threads.
+    one unless the program has more than one thread, the Conv at least `least`
+    multiply-adds, and there are at least as many blocks as threads.
     One parallel region per Conv, so its fork and join are paid once."""
     threads = e.backend.threads
-    if threads == 1 or macs < PARALLEL_MIN_CONV_MACS or items < threads:
+    if threads == 1 or macs < least or items < threads:
         return 1
     return threads
+
+
+def balanced_chunk(units: int, most: int, threads: int) -> int:
+    """Units per chunk (at most `most`) that split `units` into a multiple of `threads`
+    chunks where there are enough units, as evenly as whole units allow: chunks that threads
+    share then give each thread the same work."""
+    chunks = -(-units // min(most, units))
+    chunks = min(units, -(-chunks // threads) * threads)
+    return -(-units // chunks)
 
 
 def conv_im2col(e: Emitter, g: ConvGeometry, wv, acc: str, lines_epi: list[str], gexpr: str,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import int8_gemm as I8
-from .contraction import ConvGeometry, conv_depthwise, conv_parts
+from .contraction import ConvGeometry, balanced_chunk, conv_depthwise, conv_parts
 from .emitter import Emitter
 from .spaces import Unsupported
 
@@ -236,21 +236,15 @@ def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_sour
                        ("array", I8.conv_offsets(C, kh, kw, Hp, Wp, dh, dw)))
     k4, rows = I8.quad_words(C) * kh * kw, -(-M // I8.MR) * I8.MR
     tname = code.array(("I8T", e.kernel.name), ("array", np.arange(k4, dtype=np.int64) * I8.NR))
-    threads = e.backend.threads
-    one_row = sh == sw == 1
-    if one_row:
-        # whole output rows, C about 512 KiB; as many chunks as threads at least, if shared
-        nrows = max(1, min(OH, (1 << 17) // rows // Wp))
-        if conv_parts(e, N * M * w[0].size * P, threads) > 1 and -(-OH // nrows) < threads:
-            nrows = -(-OH // threads)
+    # chunks of C about 512 KiB (and of packed B about 256 KiB); shared among the threads, a
+    # multiple of their number, so that each thread has the same work
+    threads = conv_parts(e, N * M * w[0].size * P, -(-P // I8.NR))
+    if sh == sw == 1:               # whole output rows
+        nrows = balanced_chunk(OH, max(1, (1 << 17) // rows // Wp), threads)
         block, ldv, bsz = nrows * OW, I8.c_cols(nrows * Wp), 0
-    else:
-        panels = max(1, min((1 << 18) // (4 * k4 * I8.NR), (1 << 19) // (4 * rows * I8.NR)))
-        block = min(panels * I8.NR, -(-P // I8.NR) * I8.NR)
-        if conv_parts(e, N * M * w[0].size * P, threads) > 1 and -(-P // block) < threads:
-            # fewer chunks than threads (a 14 x 14 or 7 x 7 plane): chunks of a thread's share
-            share = -(-P // threads)
-            block = max(I8.NR, -(-share // I8.NR) * I8.NR)
+    else:                           # whole panels of positions
+        most = max(1, min((1 << 18) // (4 * k4 * I8.NR), (1 << 19) // (4 * rows * I8.NR)))
+        block = balanced_chunk(-(-P // I8.NR), most, threads) * I8.NR
         ldv, bsz = block, k4 * block
     nchunks = -(-P // block)
     # threads share an image's chunks of positions, each with its own B and C workspace
@@ -291,3 +285,4 @@ def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_sour
     index = f"(r - r0) * {p(block)} + (c - p0)"
     cols, acc_name = ("p0", "p1"), "CW"
     return index, indent, cols, acc_name
+
