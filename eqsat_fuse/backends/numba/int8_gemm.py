@@ -62,15 +62,26 @@ def microkernel_ir(symbol: str = "", swapped: bool = False) -> str:
     """`void eqsat_fuse_i8mk(A, B, C, ldc, k4)`: C[i, j] = sum_k A[i, k] B[k, j], i < MR, j < NR,
     A one row tile of `pack_a` (word (kk, i) at A + 4 (kk MR + i)), B one panel of `pack_b`
     (words (kk, j) at B + 4 (kk NR + j)), C int32 with row stride ldc (elements). The swapped
-    kernel takes a sixth argument O, int64 word offsets of B's rows: words (kk, j) at
-    B + 4 (O[kk] + j), so that B may be a panel (O[kk] = kk NR) or the image itself."""
+    kernel takes two more: O, int64 word offsets of B's rows (words (kk, j) at
+    B + 4 (O[kk] + j), so that B may be a panel, O[kk] = kk NR, or the image itself), and Z,
+    MR int32 that row i of C starts from (the activations' zero point, -zx rowsum[i])."""
     acc = [(i, h) for i in range(MR) for h in range(2)]
     lines = [
         "declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)",
         f"define void @{symbol or SYMBOL}(ptr noalias %A, ptr noalias %B, ptr noalias %C, "
-        "i64 %ldc, i64 %k4" + (", ptr noalias %O" if swapped else "") + ") #0 {",
-        "entry:", "  br label %k", "k:", "  %kk = phi i64 [0, %entry], [%kk2, %k]"]
-    lines += [f"  %c{i}_{h} = phi <16 x i32> [zeroinitializer, %entry], [%n{i}_{h}, %k]"
+        "i64 %ldc, i64 %k4" + (", ptr noalias %O, ptr noalias %Z" if swapped else "") + ") #0 {",
+        "entry:"]
+    start = {i: "zeroinitializer" for i in range(MR)}
+    if swapped:
+        for i in range(MR):
+            lines += [f"  %zp{i} = getelementptr i32, ptr %Z, i64 {i}",
+                      f"  %zw{i} = load i32, ptr %zp{i}, align 4",
+                      f"  %zs{i} = insertelement <16 x i32> poison, i32 %zw{i}, i64 0",
+                      f"  %z{i} = shufflevector <16 x i32> %zs{i}, <16 x i32> poison, "
+                      "<16 x i32> zeroinitializer"]
+            start[i] = f"%z{i}"
+    lines += ["  br label %k", "k:", "  %kk = phi i64 [0, %entry], [%kk2, %k]"]
+    lines += [f"  %c{i}_{h} = phi <16 x i32> [{start[i]}, %entry], [%n{i}_{h}, %k]"
               for i, h in acc]
     # the swapped kernel reads B's row kk at word O[kk] (a panel's kk NR, or an image's tap)
     lines += ["  %op = getelementptr i64, ptr %O, i64 %kk", "  %bo = load i64, ptr %op, align 8"]\
@@ -162,10 +173,10 @@ def _tile(typingctx, a, b, c, ldc, k4):
 
 
 @intrinsic
-def _tile_t(typingctx, a, b, c, ldc, k4, o):
-    """The swapped-operand microkernel (A signed, B unsigned, B's rows at the word offsets o)
-    on integer addresses."""
-    return types.none(a, b, c, ldc, k4, o), _call_codegen(SYMBOL_T, {0, 1, 2, 5})
+def _tile_t(typingctx, a, b, c, ldc, k4, o, z):
+    """The swapped-operand microkernel (A signed, B unsigned, B's rows at the word offsets o,
+    C's rows starting from z) on integer addresses."""
+    return types.none(a, b, c, ldc, k4, o, z), _call_codegen(SYMBOL_T, {0, 1, 2, 5, 6})
 
 
 _OPTS = dict(cache=True, error_model="numpy")
@@ -286,16 +297,20 @@ def conv_columns(xq, offs, k4, Wp, sh, sw, OW, q0, q1, ap, m, rowsum, zx, c, ldc
     int32, exactly: the signed weights are A (packed by `pack_a` in `conv_a`'s order, at
     compile time), the unsigned activations B, words of the quad image xq (`quad_planes`) in
     which word kk of position (oh, ow) lies at offs[kk] + oh sh Wp + ow sw; the product by the
-    swapped-operand microkernel; then the zero point: sum_k w (x - zx) = sum_k w x - zx
-    rowsum[m].
+    swapped-operand microkernel, whose sums start from the zero point's share:
+    sum_k w (x - zx) = sum_k w x - zx rowsum[m].
 
     - Stride 1 (q0 and q1 whole output rows): B is the image itself, no packing. Position
       (oh, ow) is column oh Wp + ow of a row Wp wide (the columns ow >= OW are discarded), so
       a panel of NR columns is NR consecutive words of each tap's row: the microkernel reads
-      them at offs. C is computed ldv wide, then its rows of OW are moved into place.
+      them at offs. C is computed ldv wide, then its rows of OW are moved into place (unless
+      Wp is OW, as in an unpadded 1x1 Conv).
     - Other strides: each panel of NR positions is gathered into bws (words (kk, j) at
       kk NR + j, ptab[kk] = kk NR) on the way, one output row's run of positions at a time."""
     mt = -(-m // MR)
+    z = np.zeros(mt * MR, np.int32)         # C's rows start from the zero point's share
+    for r in range(m):
+        z[r] = -np.int32(zx * rowsum[r])
     if sh == 1 and sw == 1:
         oh0, rows = q0 // OW, -(-(q1 - q0) // OW)
         panels = -(-(rows * Wp) // NR)
@@ -304,13 +319,13 @@ def conv_columns(xq, offs, k4, Wp, sh, sw, OW, q0, q1, ap, m, rowsum, zx, c, ldc
                 _tile_t(ap.ctypes.data + i * MR * k4 * 4,
                         xq.ctypes.data + 4 * (oh0 * Wp + t * NR),
                         c.ctypes.data + 4 * (i * MR * ldv + t * NR), ldv, k4,
-                        offs.ctypes.data)
-        for r in range(m):          # rows of OW out of rows of Wp, in place (dst <= src)
-            zs = np.int32(zx * rowsum[r])
-            for oh in range(rows):
-                src, dst = U(r * ldv + oh * Wp), U(r * ldc + oh * OW)
-                for ow in range(U(OW)):
-                    c[dst + ow] = c[src + ow] - zs
+                        offs.ctypes.data, z.ctypes.data + 4 * i * MR)
+        if Wp != OW or ldv != ldc:  # rows of OW out of rows of Wp, in place (dst <= src)
+            for r in range(m):
+                for oh in range(rows):
+                    src, dst = U(r * ldv + oh * Wp), U(r * ldc + oh * OW)
+                    for ow in range(U(OW)):
+                        c[dst + ow] = c[src + ow]
         return
     n = q1 - q0
     panels = -(-n // NR)
@@ -336,13 +351,8 @@ def conv_columns(xq, offs, k4, Wp, sh, sw, OW, q0, q1, ap, m, rowsum, zx, c, ldc
     for i in range(mt):
         for t in range(panels):
             _tile_t(ap.ctypes.data + i * MR * k4 * 4, bws.ctypes.data + t * k4 * NR * 4,
-                    c.ctypes.data + 4 * (i * MR * ldc + t * NR), ldc, k4, ptab.ctypes.data)
-    if zx != 0:
-        for r in range(m):
-            zs = np.int32(zx * rowsum[r])
-            row = U(r * ldc)
-            for q in range(U(n)):
-                c[row + q] -= zs
+                    c.ctypes.data + 4 * (i * MR * ldc + t * NR), ldc, k4, ptab.ctypes.data,
+                    z.ctypes.data + 4 * i * MR)
 
 
 def conv_a(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -242,10 +242,12 @@ def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_sour
     if sh == sw == 1:               # whole output rows
         nrows = balanced_chunk(OH, max(1, (1 << 17) // rows // Wp), threads)
         block, ldv, bsz = nrows * OW, I8.c_cols(nrows * Wp), 0
+        ldc = ldv if Wp == OW else block    # C read where it was computed, or rows moved
     else:                           # whole panels of positions
         most = max(1, min((1 << 18) // (4 * k4 * I8.NR), (1 << 19) // (4 * rows * I8.NR)))
         block = balanced_chunk(-(-P // I8.NR), most, threads) * I8.NR
-        ldv, bsz = block, k4 * block
+        ldc = ldv = block
+        bsz = k4 * block
     nchunks = -(-P // block)
     # threads share an image's chunks of positions, each with its own B and C workspace
     parts = conv_parts(e, N * M * w[0].size * P, nchunks)
@@ -278,11 +280,11 @@ def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_sour
         f"p1 = min(p0 + {p(block)}, EC)",
         f"CW = C32[th * {p(csz)}:(th + 1) * {p(csz)}]",
         f"I8.conv_columns_entry((XQ, {oname}, {p(k4)}, {p(Wp)}, {p(sh)}, {p(sw)}, "
-        f"{p(OW)}, p0, p1, {aname}, {p(M)}, {sums}, {zx_source}, CW, {p(block)}, "
+        f"{p(OW)}, p0, p1, {aname}, {p(M)}, {sums}, {zx_source}, CW, {p(ldc)}, "
         f"{bw}, {tname}, {p(ldv)}))",
         f"r0 = n * {p(M)}",
         f"r1 = r0 + {p(M)}")]
-    index = f"(r - r0) * {p(block)} + (c - p0)"
+    index = f"(r - r0) * {p(ldc)} + (c - p0)"
     cols, acc_name = ("p0", "p1"), "CW"
     return index, indent, cols, acc_name
 
