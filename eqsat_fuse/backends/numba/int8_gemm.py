@@ -15,10 +15,13 @@ product or sum rounds or saturates (int32 wraps only past 2^31, beyond any K und
 
 A Conv (`conv_columns`) runs the other way round, on a second microkernel whose operands are
 swapped (`SYMBOL_T`: A signed, B unsigned): the signed weights are A, packed once (`conv_a`),
-and the unsigned activations B, packed panel by panel straight from the image or its
-zero-point-padded copy (`pad_planes`), so C comes out channels x positions, as the epilogue
-writes it, and the zero point is one row sum per channel. Grouped Convs run by direct loops
-(`conv_direct`).
+and the unsigned activations B, read from the image's zero-point-padded planes 4 channels to a
+word (`quad_planes`, k ordered (quad, tap, channel)), so C comes out channels x positions, as
+the epilogue writes it. The microkernel reads B's row kk at an offset of its own, so a stride-1
+Conv reads the image itself, no packing: its positions are the columns of rows as wide as the
+padded plane, and the columns past each output row are dropped. Other strides gather each
+panel's words first. The sums start from the zero point's share, -zx times a channel's weight
+sum. Grouped Convs run by direct loops (`conv_direct`).
 
 Measured on this machine (bench/vnni_probe.py, one thread, A's packing included, before A was
 packed a word at a time): 199-218 GMAC/s at BERT-base shapes (128 x 768 x 3072 and back), 74-88
@@ -44,7 +47,7 @@ SYMBOL = "eqsat_fuse_i8mk"
 SYMBOL_T = "eqsat_fuse_i8mk_t"
 U8_ARRAY = types.Array(types.uint8, 1, "C")
 I8_ARRAY = types.Array(types.int8, 1, "C")
-U = np.uint64          # unsigned indices (see _pack_run)
+U = np.uint64          # unsigned indices (see pack_a)
 I32_ARRAY = types.Array(types.int32, 1, "C")
 
 
