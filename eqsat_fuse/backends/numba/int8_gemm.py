@@ -40,7 +40,7 @@ from numba.extending import intrinsic
 from .cache import load_ir
 from .calls import I64, runtime_entry
 from .kernels import WIDE_VECTORS
-from .packed_gemm import _call_codegen
+from .packed_gemm import _call_codegen, splat_ir
 
 MR, NR = 8, 32
 SYMBOL = "eqsat_fuse_i8mk"
@@ -77,11 +77,7 @@ def microkernel_ir(symbol: str = "", swapped: bool = False) -> str:
     start = {i: "zeroinitializer" for i in range(MR)}
     if swapped:
         for i in range(MR):
-            lines += [f"  %zp{i} = getelementptr i32, ptr %Z, i64 {i}",
-                      f"  %zw{i} = load i32, ptr %zp{i}, align 4",
-                      f"  %zs{i} = insertelement <16 x i32> poison, i32 %zw{i}, i64 0",
-                      f"  %z{i} = shufflevector <16 x i32> %zs{i}, <16 x i32> poison, "
-                      "<16 x i32> zeroinitializer"]
+            lines += splat_ir("i32", "%Z", str(i), (f"%zp{i}", f"%zw{i}", f"%zs{i}", f"%z{i}"))
             start[i] = f"%z{i}"
     lines += ["  br label %k", "k:", "  %kk = phi i64 [0, %entry], [%kk2, %k]"]
     lines += [f"  %c{i}_{h} = phi <16 x i32> [{start[i]}, %entry], [%n{i}_{h}, %k]"
@@ -94,12 +90,8 @@ def microkernel_ir(symbol: str = "", swapped: bool = False) -> str:
               "  %b0 = load <16 x i32>, ptr %bp0, align 4",
               "  %b1 = load <16 x i32>, ptr %bp1, align 4", f"  %ao = mul i64 %kk, {MR}"]
     for i in range(MR):
-        lines += [f"  %ai{i} = add i64 %ao, {i}",
-                  f"  %ap{i} = getelementptr i32, ptr %A, i64 %ai{i}",
-                  f"  %aw{i} = load i32, ptr %ap{i}, align 4",
-                  f"  %as{i} = insertelement <16 x i32> poison, i32 %aw{i}, i64 0",
-                  f"  %av{i} = shufflevector <16 x i32> %as{i}, <16 x i32> poison, "
-                  "<16 x i32> zeroinitializer"]
+        lines += [f"  %ai{i} = add i64 %ao, {i}"]
+        lines += splat_ir("i32", "%A", f"%ai{i}", (f"%ap{i}", f"%aw{i}", f"%as{i}", f"%av{i}"))
         # vpdpbusd multiplies unsigned bytes of its second operand by signed bytes of its third
         for h in range(2):
             u8, s8 = (f"%b{h}", f"%av{i}") if swapped else (f"%av{i}", f"%b{h}")

@@ -159,11 +159,7 @@ def _tile_ir(mr: int, table: bool = False, a_table: bool = False) -> str:
         lines += [f"  %akoff = mul i64 %k, {MR}",
                   "  %ak = getelementptr float, ptr %A, i64 %akoff"]
     for i in range(mr):
-        lines += [f"  %aq{i} = getelementptr float, ptr %ak, i64 {i}",
-                  f"  %as{i} = load float, ptr %aq{i}, align 4",
-                  f"  %ai{i} = insertelement <16 x float> poison, float %as{i}, i64 0",
-                  f"  %av{i} = shufflevector <16 x float> %ai{i}, <16 x float> poison, "
-                  "<16 x i32> zeroinitializer"]
+        lines += splat_ir("float", "%ak", str(i), (f"%aq{i}", f"%as{i}", f"%ai{i}", f"%av{i}"))
         for j in range(nv):
             lines.append(f"  %n{i}_{j} = call <16 x float> @llvm.fma.v16f32(<16 x float> "
                          f"%av{i}, <16 x float> %b{j}, <16 x float> %c{i}_{j})")
@@ -182,6 +178,17 @@ def _tile_ir(mr: int, table: bool = False, a_table: bool = False) -> str:
                       f"ptr %cp{i}_{j}, i32 4, <16 x i1> %m{j})"]
     lines += ["  ret void", "}"]
     return "\n".join(lines)
+
+
+def splat_ir(ty: str, base: str, index: str, names: tuple[str, str, str, str]) -> list[str]:
+    """IR lines that broadcast the `ty` at base[index] to a 16-lane vector, named (address,
+    scalar, one-lane vector, result)."""
+    at, scalar, lane, out = names
+    return [f"  {at} = getelementptr {ty}, ptr {base}, i64 {index}",
+            f"  {scalar} = load {ty}, ptr {at}, align 4",
+            f"  {lane} = insertelement <16 x {ty}> poison, {ty} {scalar}, i64 0",
+            f"  {out} = shufflevector <16 x {ty}> {lane}, <16 x {ty}> poison, "
+            "<16 x i32> zeroinitializer"]
 
 
 def _entry_ir(symbol: str, prefix: str, table: bool) -> str:
