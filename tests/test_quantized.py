@@ -291,3 +291,35 @@ def test_requantization_is_exact_where_float32_would_round_a_near_tie_the_wrong_
     assert any("MatMulInteger" in k.ops for k in compiled.plan.kernels)
     got = np.asarray(compiled.run({"x": x})["y"])
     np.testing.assert_array_equal(got, np.clip(np.rint(t64), 0, 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize("weight_scale, integer", [(2.0 ** -9, True), (2.0 ** 40, False)])
+def test_a_qdq_conv_becomes_integer_only_for_scales_whose_float32_conv_cannot_overflow(
+        weight_scale, integer):
+    """DQ -> Conv with scales within quant-scale's 2^-30..2^30 becomes an integer contraction.
+    Past them a float32 product of two dequantized values may overflow where the integer sum
+    does not (the rule checker found that at 2^60), so the float Conv is kept; both match
+    onnxruntime."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(5)
+    w = rng.integers(-128, 128, (8, 4, 3, 3)).astype(np.int8)
+    inits = [numpy_helper.from_array(w, "wq"),
+             numpy_helper.from_array(np.full(8, weight_scale, np.float32), "sw"),
+             numpy_helper.from_array(np.zeros(8, np.int8), "zw"),
+             numpy_helper.from_array(np.array(2.0 ** -20, np.float32), "sx"),
+             numpy_helper.from_array(np.array(128, np.uint8), "zx")]
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
+         helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["w"], axis=0),
+         helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+        "qdq_conv", [helper.make_tensor_value_info("xq", TensorProto.UINT8, [1, 4, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])],
+        initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    compiled = ef.compile(model, backend="numpy")
+    assert (_integer_kernels(compiled) == 1) is integer, compiled.report.summary()
+    xq = rng.integers(0, 256, (1, 4, 6, 6)).astype(np.uint8)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"xq": xq})[0]
+    np.testing.assert_allclose(compiled.run({"xq": xq})["y"], want, rtol=1e-5)

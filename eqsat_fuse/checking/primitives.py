@@ -153,7 +153,7 @@ VALUE_RELATIONS: dict[str, str] = {
     "exact-reciprocal": "every element is +-2^k with 1/x representable",
     "fraction": "every element is finite with 1e-6 <= |v| <= 1",
     "plus-zero": "every element is +0.0",
-    "quant-scale": "every element is finite with 2^-60 <= |v| <= 2^60",
+    "quant-scale": "every element is finite with 2^-30 <= |v| <= 2^30",
 }
 
 

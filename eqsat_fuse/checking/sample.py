@@ -168,8 +168,8 @@ def _value_relation_array(rng, shape, relation: str, dtype) -> np.ndarray:
     if relation == "plus-zero":
         return np.zeros(shape, dtype=dtype)
     if relation == "quant-scale":
-        magnitude = np.ldexp(1.0, rng.integers(-60, 61, shape)) * rng.uniform(1.0, 2.0, shape)
-        return np.asarray(sign * np.clip(magnitude, 2.0 ** -60, 2.0 ** 60), dtype=dtype)
+        magnitude = np.ldexp(1.0, rng.integers(-30, 31, shape)) * rng.uniform(1.0, 2.0, shape)
+        return np.asarray(sign * np.clip(magnitude, 2.0 ** -30, 2.0 ** 30), dtype=dtype)
     if relation == "fraction":
         magnitude = 10.0 ** rng.uniform(-6.0, 0.0, shape)
         ends = rng.random(shape)

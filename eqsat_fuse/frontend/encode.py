@@ -102,7 +102,7 @@ def _value_facts(var: str, value) -> list[str]:
     - `fraction`: finite, 1e-6 <= |v| <= 1 (float32 and float64 only: a product of two of them
       is a normal number there, and neither x * a nor x * (a * b) can overflow);
     - `plus-zero`: +0.0, not -0.0;
-    - `quant-scale`: finite, 2^-60 <= |v| <= 2^60 (float32 and float64): a quantization scale
+    - `quant-scale`: finite, 2^-30 <= |v| <= 2^30 (float32 and float64): a quantization scale
       whose products with the integers of 16-bit types stay normal numbers, so that
       (q - z) * s / s rounds back to q - z.
     """
@@ -137,7 +137,7 @@ def _exact_reciprocals(v: np.ndarray) -> np.ndarray:
 
 def _quant_scales(v: np.ndarray) -> np.ndarray:
     magnitude = np.abs(v)
-    return (magnitude >= 2.0 ** -60) & (magnitude <= 2.0 ** 60)
+    return (magnitude >= 2.0 ** -30) & (magnitude <= 2.0 ** 30)
 
 
 def _fractions(v: np.ndarray) -> np.ndarray:
