@@ -287,4 +287,3 @@ def _conv_columns(e: Emitter, w: np.ndarray, shape, out_hw, attrs: dict, zx_sour
     index = f"(r - r0) * {p(ldc)} + (c - p0)"
     cols, acc_name = ("p0", "p1"), "CW"
     return index, indent, cols, acc_name
-
