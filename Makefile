@@ -20,7 +20,7 @@ test: $(STAMP)
 
 # The long sweeps that the default run skips.
 test-slow: $(STAMP)
-	$(PYTHON) -m pytest -q $(XDIST) -m slow
+	$(PYTHON) -m pytest -q -m slow
 
 # Random ONNX graphs against onnxruntime: FUZZ_EXAMPLES per backend (default 2000).
 fuzz: $(STAMP)
