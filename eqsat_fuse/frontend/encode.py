@@ -104,7 +104,8 @@ def _value_facts(var: str, value) -> list[str]:
     - `plus-zero`: +0.0, not -0.0;
     - `quant-scale`: finite, 2^-30 <= |v| <= 2^30 (float32 and float64): a quantization scale
       whose products with the integers of 16-bit types stay normal numbers, so that
-      (q - z) * s / s rounds back to q - z.
+      (q - z) * s / s rounds back to q - z, and whose dequantized 8-bit values multiply and
+      sum in a float32 contraction without overflow (rules/quant.egg's integer rules).
     """
     lines = []
     splat = _splat_value(value)
